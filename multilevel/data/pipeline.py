@@ -1,0 +1,208 @@
+"""The resumable, host-split, prefetching batch iterator shared by text and images.
+
+Every batch is a pure function of (seed, epoch, step): the global batch at
+`step` of `epoch` holds the examples `perm[step*B:(step+1)*B]` of the epoch's
+seeded permutation, and host `p` of `P` takes its contiguous slice
+`[p*B/P, (p+1)*B/P)`. So the same seed gives the same batches, the global batch
+does not depend on the number of hosts, and the iterator's whole position is
+`{'epoch', 'step'}` (plus a few fields checked on restore).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+# make_batch(positions, key, rows) -> dict of numpy arrays.
+#   positions: int64[B / P] indices into the split (this host's rows).
+#   key: (seed, epoch, step) for per-batch randomness such as augmentation.
+#   rows: slice of this host's rows within the global batch, so random draws
+#         made for the whole global batch can be sliced host-invariantly.
+MakeBatch = Callable[[np.ndarray, tuple, slice], dict]
+
+STATE_VERSION = 1
+_SHUFFLE_SALT = 0x5EED
+
+
+def per_host_batch(global_batch: int, process_count: int) -> int:
+  if global_batch <= 0:
+    raise ValueError(f'batch_size must be positive, got {global_batch}.')
+  if global_batch % process_count:
+    raise ValueError(f'The global batch_size {global_batch} is not divisible by the number of '
+                     f'hosts (jax.process_count() = {process_count}); choose a multiple of it.')
+  return global_batch // process_count
+
+
+class BatchIterator:
+  """Yields batches forever, reshuffling each epoch (seeded by seed and epoch)."""
+
+  def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
+               seed: int, process_index: int, process_count: int, prefetch: int = 2,
+               name: str = 'data'):
+    self.num_examples = int(num_examples)
+    self.global_batch = int(global_batch)
+    self.batch_size = per_host_batch(global_batch, process_count)
+    self.steps_per_epoch = self.num_examples // self.global_batch
+    if self.steps_per_epoch == 0:
+      raise ValueError(f'The {name} training split has {self.num_examples} examples, fewer than one '
+                       f'global batch of {self.global_batch}: use more data or a smaller batch_size.')
+    self.seed = int(seed)
+    self.name = name
+    self._make_batch = make_batch
+    self._rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
+    self._prefetch = max(0, int(prefetch))
+    self._pos = (0, 0)  # (epoch, step) of the next batch handed to the caller.
+    self._perm_epoch = -1
+    self._perm = None
+    self._perm_lock = threading.Lock()
+    self._thread = None
+    self._stop = None
+    self._queue = None
+
+  # ----------------------------------------------------------------- batches
+  def _permutation(self, epoch: int) -> np.ndarray:
+    with self._perm_lock:
+      if epoch != self._perm_epoch:
+        rng = np.random.default_rng([self.seed, epoch, _SHUFFLE_SALT])
+        self._perm = rng.permutation(self.num_examples)
+        self._perm_epoch = epoch
+      return self._perm
+
+  def batch_at(self, epoch: int, step: int) -> dict:
+    """This host's batch at (epoch, step); a pure function of the seed."""
+    perm = self._permutation(epoch)
+    start = step * self.global_batch
+    global_positions = perm[start:start + self.global_batch]
+    return self._make_batch(global_positions[self._rows], (self.seed, epoch, step), self._rows)
+
+  def _advance(self, pos: tuple[int, int]) -> tuple[int, int]:
+    epoch, step = pos
+    step += 1
+    if step >= self.steps_per_epoch:
+      return epoch + 1, 0
+    return epoch, step
+
+  # --------------------------------------------------------------- iterator
+  def __iter__(self) -> Iterator[dict]:
+    return self
+
+  def __next__(self) -> dict:
+    if self._prefetch == 0:
+      batch = self.batch_at(*self._pos)
+      self._pos = self._advance(self._pos)
+      return batch
+    if self._thread is None:
+      self._start()
+    while True:
+      try:
+        item = self._queue.get(timeout=1.0)
+        break
+      except queue.Empty:
+        if not self._thread.is_alive():
+          raise RuntimeError(f'The {self.name} prefetch thread stopped unexpectedly.') from None
+    if isinstance(item, BaseException):
+      self._join()
+      raise item
+    pos, batch = item
+    assert pos == self._pos, (pos, self._pos)
+    self._pos = self._advance(pos)
+    return batch
+
+  def _start(self) -> None:
+    self._stop = threading.Event()
+    self._queue = queue.Queue(maxsize=self._prefetch)
+    stop, out, pos = self._stop, self._queue, self._pos
+
+    def work(pos=pos):
+      while not stop.is_set():
+        try:
+          item = (pos, self.batch_at(*pos))
+        except BaseException as e:  # pylint: disable=broad-except
+          item = e
+        while not stop.is_set():
+          try:
+            out.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if isinstance(item, BaseException):
+          return
+        pos = self._advance(pos)
+
+    self._thread = threading.Thread(target=work, name=f'{self.name}-prefetch', daemon=True)
+    self._thread.start()
+
+  def _join(self) -> None:
+    if self._thread is not None:
+      self._stop.set()
+      self._thread.join()
+      self._thread = self._stop = self._queue = None
+
+  def close(self) -> None:
+    """Stops the prefetch thread (the iterator can still be used afterwards)."""
+    self._join()
+
+  def __del__(self):
+    try:
+      self._join()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  # ------------------------------------------------------------------ state
+  def get_state(self) -> dict[str, Any]:
+    """The position of the next batch, as a small JSON-serializable dict."""
+    epoch, step = self._pos
+    return {'version': STATE_VERSION, 'epoch': int(epoch), 'step': int(step),
+            'seed': self.seed, 'num_examples': self.num_examples,
+            'global_batch': self.global_batch}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Restores a position from `get_state`; the next batch is the one that followed it."""
+    try:
+      epoch, step = int(state['epoch']), int(state['step'])
+    except (KeyError, TypeError, ValueError):
+      raise ValueError(f'Not a data iterator state: {state!r}.') from None
+    for key in ('seed', 'num_examples', 'global_batch'):
+      if key in state and int(state[key]) != getattr(self, key):
+        raise ValueError(
+            f'The saved data state has {key}={state[key]} but this pipeline has '
+            f'{key}={getattr(self, key)}; restore with the same data config, seed and batch size.')
+    if epoch < 0 or not 0 <= step < self.steps_per_epoch:
+      raise ValueError(f'Data state out of range: epoch={epoch}, step={step} '
+                       f'(steps_per_epoch={self.steps_per_epoch}).')
+    self._join()
+    self._pos = (epoch, step)
+
+
+class EvalBatches:
+  """Callable returning a fresh iterable over the same fixed validation batches."""
+
+  def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
+               process_index: int, process_count: int, max_batches: int, name: str = 'data'):
+    self.batch_size = per_host_batch(global_batch, process_count)
+    self.global_batch = int(global_batch)
+    self.num_batches = min(int(num_examples) // self.global_batch, max(0, int(max_batches)))
+    if self.num_batches == 0 and max_batches > 0:
+      raise ValueError(f'The {name} validation split has {num_examples} examples, fewer than one '
+                       f'global batch of {global_batch}: raise cfg.val_fraction, use more data, '
+                       'or lower batch_size (or set cfg.max_eval_batches = 0 to skip evaluation).')
+    self._rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
+    self._make_batch = make_batch
+    self._batches = None
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __call__(self) -> Iterator[dict]:
+    with self._lock:
+      if self._batches is None:
+        batches = []
+        for step in range(self.num_batches):
+          positions = np.arange(step * self.global_batch, (step + 1) * self.global_batch)
+          batches.append(self._make_batch(positions[self._rows], (0, 0, step), self._rows))
+        self._batches = batches
+    return iter(self._batches)

@@ -1,0 +1,146 @@
+"""Tokenizers from the `tokenizers` library: train (and cache) or load one.
+
+Tokenizers trained here are byte-level BPE (GPT) or WordPiece (BERT) and
+always hold the special tokens '<pad>', '<eos>', '<mask>', '<unk>' as ids 0-3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Iterable, Iterator
+
+from absl import logging
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from multilevel.data import common
+
+SPECIAL_TOKENS = ('<pad>', '<eos>', '<mask>', '<unk>')
+# Names looked up, in order, in a tokenizer that was not trained here.
+_ALIASES = {
+    'pad': ('<pad>', '[PAD]', '<|pad|>', '<|padding|>'),
+    'eos': ('<eos>', '</s>', '<|endoftext|>', '[SEP]', '<|eos|>'),
+    'mask': ('<mask>', '[MASK]', '<|mask|>'),
+    'unk': ('<unk>', '[UNK]', '<|unk|>'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedTokenizer:
+  tokenizer: Tokenizer
+  path: str
+  vocab_size: int
+  pad_id: int
+  eos_id: int
+  mask_id: int
+  unk_id: int
+  kind: str  # 'bpe', 'wordpiece' or the model type of a loaded file.
+
+
+def resolve_type(tokenizer_type: str, model_family: str) -> str:
+  t = (tokenizer_type or 'auto').lower()
+  if t == 'auto':
+    return 'wordpiece' if model_family.lower().startswith('bert') else 'bpe'
+  if t not in ('bpe', 'wordpiece'):
+    raise ValueError(f"cfg.tokenizer_type must be 'bpe', 'wordpiece' or 'auto', got {tokenizer_type!r}.")
+  return t
+
+
+def new_tokenizer(kind: str, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+  """An untrained tokenizer of `kind` and its trainer."""
+  if vocab_size < len(SPECIAL_TOKENS) + 1:
+    raise ValueError(f'cfg.vocab_size={vocab_size} is too small to train a tokenizer.')
+  if kind == 'bpe':
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  elif kind == 'wordpiece':
+    tok = Tokenizer(models.WordPiece(unk_token='<unk>'))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix='##')
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix='##')
+  else:
+    raise ValueError(f'Unknown tokenizer kind {kind!r}.')
+  return tok, trainer
+
+
+def _capped(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+  total = 0
+  for text in texts:
+    if max_chars and total >= max_chars:
+      return
+    total += len(text)
+    yield text
+
+
+def train_or_load_cached(texts: Callable[[], Iterable[str]], *, kind: str, vocab_size: int, corpus_key: str,
+                         cache_dir: str, max_chars: int = 0) -> str:
+  """Path of a tokenizer trained on `texts()`, cached under cache_dir/tokenizers."""
+  path = os.path.join(cache_dir, 'tokenizers',
+                      f'{kind}-v{vocab_size}-{common.fingerprint([corpus_key, max_chars])}.json')
+  if os.path.exists(path):
+    logging.info('Using cached %s tokenizer %s', kind, path)
+    return path
+  tok, trainer = new_tokenizer(kind, vocab_size)
+  logging.info('Training a %s tokenizer (vocab %d) on %s', kind, vocab_size, corpus_key)
+  tok.train_from_iterator(_capped(texts(), max_chars), trainer=trainer)
+  if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+    raise ValueError(f'The corpus {corpus_key} gave no tokens to train a tokenizer on: is it empty?')
+  common.atomic_write_text(path, tok.to_str())
+  return path
+
+
+def _find(tok: Tokenizer, role: str) -> int | None:
+  for name in _ALIASES[role]:
+    idx = tok.token_to_id(name)
+    if idx is not None:
+      return int(idx)
+  return None
+
+
+def load(spec: str, *, model_family: str = 'gpt') -> LoadedTokenizer:
+  """Loads a tokenizer.json path (or a directory holding one, or a hub name)."""
+  path = os.path.expanduser(spec)
+  if os.path.isdir(path):
+    path = os.path.join(path, 'tokenizer.json')
+  if os.path.exists(path):
+    try:
+      tok = Tokenizer.from_file(path)
+    except Exception as e:  # the Rust side raises a bare Exception
+      raise ValueError(f'{path} is not a tokenizers JSON file ({e}); give a tokenizer.json '
+                       "saved by the `tokenizers` library, or cfg.tokenizer = '' to train one.") from None
+  elif path.endswith('.json') or spec.startswith(('.', '/', '~')) or os.path.isabs(spec):
+    raise FileNotFoundError(f"Tokenizer file {spec!r} does not exist; fix cfg.tokenizer, or set it "
+                            "to '' to train a tokenizer on the corpus.")
+  else:
+    common.check_hub_reachable(f'Tokenizer {spec!r} (not a local file)')
+    try:
+      tok = Tokenizer.from_pretrained(spec)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f'Could not load tokenizer {spec!r} from the hub: {e}') from None
+  return describe(tok, path, model_family=model_family)
+
+
+def describe(tok: Tokenizer, path: str, *, model_family: str = 'gpt') -> LoadedTokenizer:
+  """Finds the special tokens; clear errors when the model needs one that is missing."""
+  eos, pad, mask, unk = (_find(tok, r) for r in ('eos', 'pad', 'mask', 'unk'))
+  if eos is None:
+    raise ValueError(f'Tokenizer {path} has no end-of-document token (looked for '
+                     f'{", ".join(_ALIASES["eos"])}); packing needs one. Add it to the tokenizer.')
+  if mask is None and model_family.lower().startswith('bert'):
+    raise ValueError(f'Tokenizer {path} has no mask token (looked for '
+                     f'{", ".join(_ALIASES["mask"])}) but model_family={model_family!r} needs one '
+                     'for masked-language modelling. Add it, or train one with cfg.tokenizer = "".')
+  if pad is None:
+    logging.warning('Tokenizer %s has no pad token; using the eos id %d as pad_id.', path, eos)
+    pad = eos
+  kind = type(tok.model).__name__.lower()
+  return LoadedTokenizer(tokenizer=tok, path=path, vocab_size=tok.get_vocab_size(with_added_tokens=True),
+                         pad_id=pad, eos_id=eos, mask_id=-1 if mask is None else mask,
+                         unk_id=-1 if unk is None else unk, kind=kind)

@@ -1,0 +1,113 @@
+"""The transformer core shared by BERT, GPT and DeiT: attention, MLP, and a stack of blocks scanned over layers.
+
+Layers are stacked on a leading axis with ``nn.scan``, so every block parameter has shape ``(num_layers, ...)`` and
+depth coalescing is one operation on that axis. Attention projections keep heads as an explicit axis
+(``kernel: (width, heads, head_dim)``), so width coalescing merges heads on that axis and never reshapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from multilevel.models.config import ModelConfig
+
+
+def dense_init(std: float = 0.02):
+  return nn.initializers.normal(stddev=std)
+
+
+def compute_dtype(cfg: ModelConfig):
+  return jnp.dtype(cfg.dtype)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+  causal: bool
+  out_std: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxT=None):
+    cfg = self.cfg
+    dt = compute_dtype(cfg)
+    proj = lambda name: nn.DenseGeneral((cfg.num_heads, cfg.head_dim), dtype=dt, kernel_init=dense_init(), name=name)
+    q_BxTxHxK = proj("query")(x_BxTxD)
+    k_BxTxHxK = proj("key")(x_BxTxD)
+    v_BxTxHxK = proj("value")(x_BxTxD)
+    logits_BxHxTxT = jnp.einsum("bqhk,bthk->bhqt", q_BxTxHxK, k_BxTxHxK).astype(jnp.float32)
+    logits_BxHxTxT = logits_BxHxTxT / math.sqrt(cfg.head_dim)
+    t = x_BxTxD.shape[1]
+    allowed = jnp.ones((1, 1, t, t), bool)
+    if self.causal:
+      allowed = jnp.tril(allowed)
+    if mask_BxT is not None:
+      allowed = allowed & mask_BxT[:, None, None, :].astype(bool)
+    logits_BxHxTxT = jnp.where(allowed, logits_BxHxTxT, jnp.finfo(jnp.float32).min)
+    probs_BxHxTxT = jax.nn.softmax(logits_BxHxTxT, axis=-1).astype(dt)
+    probs_BxHxTxT = nn.Dropout(cfg.dropout)(probs_BxHxTxT, deterministic=self.deterministic)
+    y_BxTxHxK = jnp.einsum("bhqt,bthk->bqhk", probs_BxHxTxT, v_BxTxHxK)
+    return nn.DenseGeneral(cfg.width, axis=(-2, -1), dtype=dt, kernel_init=dense_init(self.out_std), name="out")(
+        y_BxTxHxK)
+
+
+class Mlp(nn.Module):
+  cfg: ModelConfig
+  out_std: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    cfg = self.cfg
+    dt = compute_dtype(cfg)
+    h_BxTxF = nn.Dense(cfg.ffn_dim, dtype=dt, kernel_init=dense_init(), name="fc1")(x_BxTxD)
+    # GPT-2 uses the tanh approximation ("gelu_new"); BERT and ViT/DeiT use the exact erf form.
+    h_BxTxF = nn.gelu(h_BxTxF, approximate=self.cfg.family == "gpt")
+    h_BxTxF = nn.Dropout(cfg.dropout)(h_BxTxF, deterministic=self.deterministic)
+    return nn.Dense(cfg.width, dtype=dt, kernel_init=dense_init(self.out_std), name="fc2")(h_BxTxF)
+
+
+class Block(nn.Module):
+  """One block; ``pre_ln`` selects GPT/DeiT (pre-LN) or BERT (post-LN) ordering. Used as a scan body."""
+
+  cfg: ModelConfig
+  pre_ln: bool
+  causal: bool
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxT):
+    cfg = self.cfg
+    # GPT-2 scales the init of residual projections by 1/sqrt(2L); BERT and DeiT do not.
+    out_std = 0.02 / math.sqrt(2 * cfg.num_layers) if cfg.family == "gpt" else 0.02
+    ln = lambda name: nn.LayerNorm(epsilon=cfg.eps, dtype=jnp.float32, name=name)
+    drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
+    attn = Attention(cfg, self.causal, out_std, self.deterministic, name="attn")
+    mlp = Mlp(cfg, out_std, self.deterministic, name="mlp")
+    if self.pre_ln:
+      x_BxTxD = x_BxTxD + drop(attn(ln("ln_attn")(x_BxTxD), mask_BxT))
+      x_BxTxD = x_BxTxD + drop(mlp(ln("ln_mlp")(x_BxTxD)))
+    else:
+      x_BxTxD = ln("ln_attn")(x_BxTxD + drop(attn(x_BxTxD, mask_BxT)))
+      x_BxTxD = ln("ln_mlp")(x_BxTxD + drop(mlp(x_BxTxD)))
+    return x_BxTxD.astype(jnp.float32), None
+
+
+def stack(cfg: ModelConfig, *, pre_ln: bool, causal: bool, deterministic: bool) -> nn.Module:
+  """``num_layers`` blocks scanned over a leading parameter axis, named ``layers`` in the parent's tree.
+
+  Call it inside a parent's ``@nn.compact`` method: ``x = stack(cfg, ...)(x, mask)``.
+  """
+  block = nn.remat(Block) if cfg.remat else Block
+  scanned = nn.scan(
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=nn.broadcast,
+      length=cfg.num_layers,
+  )
+  module = scanned(cfg, pre_ln, causal, deterministic, name="layers")
+  return lambda x_BxTxD, mask_BxT=None: module(x_BxTxD, mask_BxT)[0]

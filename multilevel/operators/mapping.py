@@ -1,0 +1,189 @@
+"""How a large model maps onto a small one: head groups, layer groups, and the two named options.
+
+A ``LevelMap`` is the whole description the operators need. It is a frozen, hashable dataclass, so it can be a static
+argument of ``jax.jit``. Build one with ``make_mapping``; it validates the schemes and derives the small config.
+
+Width scheme (the reference format): one entry per small-model head, listing the large-model heads merged into it,
+e.g. ``[[0, 6], [1, 7], ..., [5, 11]]``. The same grouping is applied, chunk by chunk, to the hidden channels (chunks
+of ``head_dim``) and to the FFN units (chunks of ``ffn_dim / num_heads``), exactly as the reference code does.
+
+Depth scheme: one entry per small layer listing the large layers merged into it. ``depth_mode='adjacent'`` (the
+paper: layers 2i and 2i+1) or ``'stride'`` (the reference ``L6-H6.json``: layers i and i + L/2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Sequence
+
+import numpy as np
+
+from multilevel.models import FAMILY, ModelConfig
+
+Groups = tuple[tuple[int, ...], ...]
+DEPTH_MODES = ("adjacent", "stride")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupMap:
+  """A group map g: large index -> small index, with group sizes and each group's first member (numpy arrays)."""
+
+  g: np.ndarray  # (n_large,) int32
+  counts: np.ndarray  # (n_small,) int32
+  first: np.ndarray  # (n_small,) int32
+
+  @classmethod
+  def from_groups(cls, groups: Groups, n_large: int) -> "GroupMap":
+    g = np.empty(n_large, np.int32)
+    for i, members in enumerate(groups):
+      g[list(members)] = i
+    counts = np.array([len(m) for m in groups], np.int32)
+    first = np.array([m[0] for m in groups], np.int32)
+    return cls(g, counts, first)
+
+  def expand(self, chunk: int) -> "GroupMap":
+    """The map on units cut into chunks of ``chunk``: unit c of chunk j goes to unit c of chunk g(j)."""
+    off = np.arange(chunk, dtype=np.int32)
+    g = (self.g[:, None] * chunk + off).reshape(-1)
+    first = (self.first[:, None] * chunk + off).reshape(-1)
+    counts = np.repeat(self.counts, chunk)
+    return GroupMap(g, counts, first)
+
+  @property
+  def n_small(self) -> int:
+    return len(self.counts)
+
+
+def _check_groups(groups, n_large: int, what: str) -> Groups:
+  if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+    raise ValueError(f"The {what} scheme must be a list of lists of indices, got {groups!r}.")
+  out, seen = [], {}
+  for i, entry in enumerate(groups):
+    if isinstance(entry, (int, np.integer)) or not isinstance(entry, Sequence) or len(entry) == 0:
+      raise ValueError(f"{what} scheme entry {i} is {entry!r}; each entry must be a non-empty list of large-model "
+                       f"{what} indices merged into small {what} {i}.")
+    for idx in entry:
+      if not isinstance(idx, (int, np.integer)) or isinstance(idx, bool):
+        raise ValueError(f"{what} scheme entry {i} holds {idx!r}, which is not an integer index.")
+      if not 0 <= idx < n_large:
+        raise ValueError(f"{what} scheme entry {i} holds index {idx}, out of range: the large model has "
+                         f"{n_large} {what} (valid indices 0..{n_large - 1}).")
+      if idx in seen:
+        raise ValueError(f"{what} scheme uses large index {idx} twice (entries {seen[idx]} and {i}); every large "
+                         f"index must appear in exactly one entry.")
+      seen[idx] = i
+    out.append(tuple(int(x) for x in entry))
+  missing = sorted(set(range(n_large)) - set(seen))
+  if missing:
+    raise ValueError(f"{what} scheme leaves large indices {missing} unassigned; every one of the {n_large} large "
+                     f"{what} must appear in exactly one entry.")
+  return tuple(out)
+
+
+def default_width_groups(num_heads: int, factor: int) -> Groups:
+  """Small head i merges large heads i, i + H_S, i + 2 H_S, ... (the paper's and the reference's halving)."""
+  if factor < 1 or num_heads % factor:
+    raise ValueError(f"Cannot shrink {num_heads} heads by a width factor of {factor}: the factor must divide the "
+                     f"number of heads. Pass an explicit width scheme instead.")
+  n_s = num_heads // factor
+  return tuple(tuple(i + k * n_s for k in range(factor)) for i in range(n_s))
+
+
+def default_depth_groups(num_layers: int, factor: int, mode: str) -> Groups:
+  """Adjacent: small layer i merges large layers (r i .. r i + r - 1). Stride: i, i + L_S, i + 2 L_S, ..."""
+  if mode not in DEPTH_MODES:
+    raise ValueError(f"depth_mode must be one of {DEPTH_MODES}, got {mode!r}.")
+  if factor < 1 or num_layers % factor:
+    raise ValueError(f"Cannot shrink {num_layers} layers by a depth factor of {factor}: the factor must divide the "
+                     f"number of layers. Pass an explicit depth scheme instead.")
+  n_s = num_layers // factor
+  if mode == "adjacent":
+    return tuple(tuple(factor * i + k for k in range(factor)) for i in range(n_s))
+  return tuple(tuple(i + k * n_s for k in range(factor)) for i in range(n_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelMap:
+  """One level of coalescing: ``large`` -> ``small``.
+
+  Attributes:
+    heads: width scheme, one entry per small head listing the large heads merged into it.
+    layers: depth scheme, one entry per small layer listing the large layers merged into it.
+    embed_factor: for models whose embedding is tied to the LM head (BERT, GPT), coalescing multiplies the averaged
+      embedding columns by this factor and growth divides by it. ``None`` (default) uses each group's size, which
+      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for any group size.
+      Ignored for DeiT, whose embeddings are averaged like any output.
+    preln_exact: also scale residual-branch outputs (attention and FFN output projections) by the embedding rule,
+      which makes width growth function-preserving for pre-LN GPT (exact up to LayerNorm's epsilon; method.md 5.2).
+      Default False = the reference behaviour. Not meaningful for post-LN BERT (raises); a no-op for DeiT.
+  """
+
+  large: ModelConfig
+  small: ModelConfig
+  heads: Groups
+  layers: Groups
+  embed_factor: Optional[float] = None
+  preln_exact: bool = False
+
+  @functools.cached_property
+  def head_map(self) -> GroupMap:
+    return GroupMap.from_groups(self.heads, self.large.num_heads)
+
+  @functools.cached_property
+  def hidden_map(self) -> GroupMap:
+    return self.head_map.expand(self.large.head_dim)
+
+  @functools.cached_property
+  def ffn_map(self) -> GroupMap:
+    return self.head_map.expand(self.large.ffn_dim // self.large.num_heads)
+
+  @functools.cached_property
+  def layer_map(self) -> GroupMap:
+    return GroupMap.from_groups(self.layers, self.large.num_layers)
+
+  @property
+  def changes_width(self) -> bool:
+    return len(self.heads) != self.large.num_heads or any(len(g) != 1 for g in self.heads)
+
+  @property
+  def changes_depth(self) -> bool:
+    return len(self.layers) != self.large.num_layers
+
+  def describe(self) -> str:
+    L, S = self.large, self.small
+    return (f"{L.family} L{L.num_layers}/d{L.width}/h{L.num_heads} -> L{S.num_layers}/d{S.width}/h{S.num_heads} "
+            f"(heads {[list(g) for g in self.heads]}, layers {[list(g) for g in self.layers]})")
+
+
+def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: int = 2, depth_factor: int = 2,
+                 depth_mode: str = "adjacent", embed_factor: Optional[float] = None,
+                 preln_exact: bool = False) -> LevelMap:
+  """Validates the schemes and returns the ``LevelMap`` from ``large`` to the derived small config.
+
+  ``width``/``depth`` are explicit schemes; when ``None`` the defaults halve (``*_factor``), and a factor of 1 keeps
+  that dimension. ``depth_mode`` chooses the default depth grouping ('adjacent' = paper, 'stride' = reference json).
+  """
+  if not isinstance(large, ModelConfig):
+    raise TypeError(f"make_mapping needs a ModelConfig for the large model, got {type(large).__name__}.")
+  heads = default_width_groups(large.num_heads, width_factor) if width is None else width
+  heads = _check_groups(heads, large.num_heads, "heads")
+  layers = default_depth_groups(large.num_layers, depth_factor, depth_mode) if depth is None else depth
+  layers = _check_groups(layers, large.num_layers, "layers")
+  if preln_exact and not FAMILY[large.family].pre_ln:
+    raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit); {large.family} is post-LN and its width "
+                     f"growth is already function-preserving. Leave preln_exact=False.")
+  if embed_factor is not None and not embed_factor > 0:
+    raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
+  small = large.replace(num_heads=len(heads), num_layers=len(layers))
+  return LevelMap(large, small, heads, layers, None if embed_factor is None else float(embed_factor),
+                  bool(preln_exact))
+
+
+def make_chain(large: ModelConfig, levels: int, **kw) -> list[LevelMap]:
+  """``levels - 1`` maps, each halving (by default) the previous small model: a multi-level hierarchy."""
+  maps, cfg = [], large
+  for _ in range(levels - 1):
+    maps.append(make_mapping(cfg, **kw))
+    cfg = maps[-1].small
+  return maps
