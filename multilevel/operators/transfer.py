@@ -94,7 +94,7 @@ def _roles(m: LevelMap, name: str, ndim: int):
 def _transform(params: Mapping, m: LevelMap, axis_fn, order):
   out = {}
   for name, x in flatten(params).items():
-    x = jnp.asarray(x)
+    x = jnp.array(x)  # A fresh array: the output never aliases the input, so either may be donated.
     roles = _roles(m, name, x.ndim)
     # Width axes first and depth last when coalescing; the reverse when growing (they commute; kept for clarity).
     axes = sorted((i for i, r in enumerate(roles) if r is not None), key=lambda i: order(roles[i] == A.LAYERS))

@@ -1,0 +1,110 @@
+"""Metrics: JSON lines (the record of a run), TensorBoard events, and the run summary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from multilevel.operators.tree import flatten
+
+
+class MetricsWriter:
+  """Appends one JSON object per record to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+
+  ``truncate(n)`` keeps the first ``n`` records: a resumed run drops what was logged after its checkpoint, so the
+  file reads as if the run had never stopped.
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.enabled = enabled
+    self.count = 0
+    self._tb = None
+    if enabled and tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      except ImportError:  # Optional: the JSON lines are the record.
+        self._tb = None
+    self._f = open(self.path, "a", encoding="utf-8") if enabled else None
+
+  def truncate(self, n: int) -> None:
+    if not self.enabled:
+      return
+    self._f.close()
+    lines = []
+    if os.path.exists(self.path):
+      with open(self.path, encoding="utf-8") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    tmp = self.path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write("".join(ln + "\n" for ln in lines[:n]))
+    os.replace(tmp, self.path)
+    self._f = open(self.path, "a", encoding="utf-8")
+    self.count = min(n, len(lines))
+
+  def write(self, record: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    record = {k: _plain(v) for k, v in record.items() if v is not None}
+    self._f.write(json.dumps(record) + "\n")
+    self.count += 1
+    if self._tb is not None:
+      step = int(record.get("step", 0))
+      for k, v in record.items():
+        if isinstance(v, (int, float)) and k != "step":
+          self._tb.add_scalar(k, v, step)
+
+  def flush(self) -> None:
+    if self.enabled:
+      self._f.flush()
+      os.fsync(self._f.fileno())
+      if self._tb is not None:
+        self._tb.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self.flush()
+      self._f.close()
+      if self._tb is not None:
+        self._tb.close()
+
+
+def _plain(v):
+  if isinstance(v, (np.generic, np.ndarray)) or hasattr(v, "item"):
+    try:
+      return v.item()
+    except (ValueError, AttributeError):
+      return np.asarray(v).tolist()
+  return v
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"No metrics.jsonl in {workdir}: is it a multilevel run directory?")
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(ln) for ln in f if ln.strip()]
+
+
+def params_digest(params) -> str:
+  """sha256 over every parameter's path, shape, dtype and bytes, in path order: equal digests = equal trees."""
+  h = hashlib.sha256()
+  for name, x in sorted(flatten(jax.device_get(params)).items()):
+    x = np.ascontiguousarray(np.asarray(x))
+    h.update(f"{name}:{x.shape}:{x.dtype};".encode())
+    h.update(x.tobytes())
+  return h.hexdigest()
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.write("\n")
+  os.replace(tmp, path)
