@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import ml_collections
+import numpy as np
 
 TRUE_STRINGS = ('1', 'true', 'yes', 'on')
 
@@ -28,7 +29,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_split = ''        # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
   c.streaming = False      # HF hub: stream instead of downloading the whole set.
   c.max_documents = 0      # Text: stop after this many documents (0 = all); handy when streaming.
-  c.files = ''             # Text: glob (or list of globs) of .txt/.md/.json/.jsonl/.parquet files.
+  c.files = ''             # Text: a glob, comma-separated globs (or, outside ConfigDict, a list) of
+  #                          .txt/.md/.json/.jsonl/.parquet files.
   c.text_field = 'text'
   c.sample_by = 'document'  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
   c.folder = ''            # Images: a folder with one sub-folder per class (or train/ and val/ inside).
@@ -42,7 +44,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.val_fraction = 0.05
   c.split_seed = 0         # Seed of the train/validation split (kept apart from the shuffle seed).
   c.cache_dir = '~/.cache/multilevel'
-  c.augment = True         # Images, train only: True / 'basic' (crop+flip) or 'strong' (+ erasing).
+  c.augment = True         # Images, train only: random crop with padding + horizontal flip.
+  c.strong_augment = False  # Images: add random erasing on top of augment.
   c.flip = True            # Horizontal flips in augmentation (off for digits automatically).
   c.resize = True          # Images larger than image_size: resize + center crop (needs Pillow).
   c.prefetch = 2           # Batches prepared ahead in a background thread (0 = none).
@@ -105,6 +108,7 @@ def atomic_write_text(path: str, text: str) -> None:
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
   with os.fdopen(fd, 'w') as f:
     f.write(text)
+  os.chmod(tmp, 0o644)  # mkstemp makes 0600; caches may be shared
   os.replace(tmp, path)
 
 
@@ -145,3 +149,12 @@ def process_info(process_index: int | None, process_count: int | None) -> tuple[
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} is not in [0, {process_count}).')
   return int(process_index), int(process_count)
+
+
+def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """Seeded (train, validation) index arrays over n examples, each sorted."""
+  if not 0 <= val_fraction < 1:
+    raise ValueError(f'cfg.val_fraction must be in [0, 1), got {val_fraction}.')
+  n_val = min(n - 1, max(1, int(round(n * val_fraction)))) if val_fraction > 0 else 0
+  perm = np.random.default_rng([int(split_seed), 0xDA7A]).permutation(n)
+  return np.sort(perm[n_val:]), np.sort(perm[:n_val])

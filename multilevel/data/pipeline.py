@@ -36,6 +36,51 @@ def per_host_batch(global_batch: int, process_count: int) -> int:
   return global_batch // process_count
 
 
+class _Sampler:
+  """The pure part: which examples, and their batch, at (epoch, step)."""
+
+  def __init__(self, num_examples, global_batch, make_batch, seed, rows):
+    self.num_examples, self.global_batch, self.seed = num_examples, global_batch, seed
+    self.steps_per_epoch = num_examples // global_batch
+    self._make_batch, self._rows = make_batch, rows
+    self._perm_epoch, self._perm = -1, None
+    self._lock = threading.Lock()
+
+  def permutation(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      if epoch != self._perm_epoch:
+        rng = np.random.default_rng([self.seed, epoch, _SHUFFLE_SALT])
+        self._perm, self._perm_epoch = rng.permutation(self.num_examples), epoch
+      return self._perm
+
+  def batch_at(self, epoch: int, step: int) -> dict:
+    start = step * self.global_batch
+    global_positions = self.permutation(epoch)[start:start + self.global_batch]
+    return self._make_batch(global_positions[self._rows], (self.seed, epoch, step), self._rows)
+
+  def advance(self, pos: tuple[int, int]) -> tuple[int, int]:
+    epoch, step = pos
+    return (epoch + 1, 0) if step + 1 >= self.steps_per_epoch else (epoch, step + 1)
+
+
+def _produce(sampler: _Sampler, pos, stop: threading.Event, out: queue.Queue) -> None:
+  """Prefetch thread body; holds no reference to the iterator, so dropping it stops us."""
+  while not stop.is_set():
+    try:
+      item = (pos, sampler.batch_at(*pos))
+    except BaseException as e:  # pylint: disable=broad-except
+      item = e
+    while not stop.is_set():
+      try:
+        out.put(item, timeout=0.05)
+        break
+      except queue.Full:
+        continue
+    if isinstance(item, BaseException):
+      return
+    pos = sampler.advance(pos)
+
+
 class BatchIterator:
   """Yields batches forever, reshuffling each epoch (seeded by seed and epoch)."""
 
@@ -51,39 +96,15 @@ class BatchIterator:
                        f'global batch of {self.global_batch}: use more data or a smaller batch_size.')
     self.seed = int(seed)
     self.name = name
-    self._make_batch = make_batch
-    self._rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
+    rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
+    self._sampler = _Sampler(self.num_examples, self.global_batch, make_batch, self.seed, rows)
     self._prefetch = max(0, int(prefetch))
     self._pos = (0, 0)  # (epoch, step) of the next batch handed to the caller.
-    self._perm_epoch = -1
-    self._perm = None
-    self._perm_lock = threading.Lock()
-    self._thread = None
-    self._stop = None
-    self._queue = None
-
-  # ----------------------------------------------------------------- batches
-  def _permutation(self, epoch: int) -> np.ndarray:
-    with self._perm_lock:
-      if epoch != self._perm_epoch:
-        rng = np.random.default_rng([self.seed, epoch, _SHUFFLE_SALT])
-        self._perm = rng.permutation(self.num_examples)
-        self._perm_epoch = epoch
-      return self._perm
+    self._thread = self._stop = self._queue = None
 
   def batch_at(self, epoch: int, step: int) -> dict:
     """This host's batch at (epoch, step); a pure function of the seed."""
-    perm = self._permutation(epoch)
-    start = step * self.global_batch
-    global_positions = perm[start:start + self.global_batch]
-    return self._make_batch(global_positions[self._rows], (self.seed, epoch, step), self._rows)
-
-  def _advance(self, pos: tuple[int, int]) -> tuple[int, int]:
-    epoch, step = pos
-    step += 1
-    if step >= self.steps_per_epoch:
-      return epoch + 1, 0
-    return epoch, step
+    return self._sampler.batch_at(epoch, step)
 
   # --------------------------------------------------------------- iterator
   def __iter__(self) -> Iterator[dict]:
@@ -91,11 +112,16 @@ class BatchIterator:
 
   def __next__(self) -> dict:
     if self._prefetch == 0:
-      batch = self.batch_at(*self._pos)
-      self._pos = self._advance(self._pos)
+      batch = self._sampler.batch_at(*self._pos)
+      self._pos = self._sampler.advance(self._pos)
       return batch
     if self._thread is None:
-      self._start()
+      self._stop = threading.Event()
+      self._queue = queue.Queue(maxsize=self._prefetch)
+      self._thread = threading.Thread(
+          target=_produce, args=(self._sampler, self._pos, self._stop, self._queue),
+          name=f'{self.name}-prefetch', daemon=True)
+      self._thread.start()
     while True:
       try:
         item = self._queue.get(timeout=1.0)
@@ -108,32 +134,8 @@ class BatchIterator:
       raise item
     pos, batch = item
     assert pos == self._pos, (pos, self._pos)
-    self._pos = self._advance(pos)
+    self._pos = self._sampler.advance(pos)
     return batch
-
-  def _start(self) -> None:
-    self._stop = threading.Event()
-    self._queue = queue.Queue(maxsize=self._prefetch)
-    stop, out, pos = self._stop, self._queue, self._pos
-
-    def work(pos=pos):
-      while not stop.is_set():
-        try:
-          item = (pos, self.batch_at(*pos))
-        except BaseException as e:  # pylint: disable=broad-except
-          item = e
-        while not stop.is_set():
-          try:
-            out.put(item, timeout=0.1)
-            break
-          except queue.Full:
-            continue
-        if isinstance(item, BaseException):
-          return
-        pos = self._advance(pos)
-
-    self._thread = threading.Thread(target=work, name=f'{self.name}-prefetch', daemon=True)
-    self._thread.start()
 
   def _join(self) -> None:
     if self._thread is not None:
@@ -146,10 +148,9 @@ class BatchIterator:
     self._join()
 
   def __del__(self):
-    try:
-      self._join()
-    except Exception:  # pylint: disable=broad-except
-      pass
+    stop = getattr(self, '_stop', None)
+    if stop is not None:
+      stop.set()
 
   # ------------------------------------------------------------------ state
   def get_state(self) -> dict[str, Any]:

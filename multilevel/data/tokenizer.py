@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import unicodedata
 from typing import Callable, Iterable, Iterator
 
 from absl import logging
@@ -79,17 +80,56 @@ def _capped(texts: Iterable[str], max_chars: int) -> Iterator[str]:
     yield text
 
 
-def train_or_load_cached(texts: Callable[[], Iterable[str]], *, kind: str, vocab_size: int, corpus_key: str,
-                         cache_dir: str, max_chars: int = 0) -> str:
-  """Path of a tokenizer trained on `texts()`, cached under cache_dir/tokenizers."""
+def _continuation_tokens(texts: Iterable[str], normalizer) -> list[str]:
+  """'##c' for every word character c of the normalized corpus, sorted."""
+  chars = set()
+  for text in texts:
+    chars.update(normalizer.normalize_str(text))
+  punct = lambda c: unicodedata.category(c)[0] in 'PS' or (c.isascii() and not c.isalnum())
+  return ['##' + c for c in sorted(chars) if not c.isspace() and not punct(c)]
+
+
+def _train_wordpiece(texts: Callable[[], Iterable[str]], vocab_size: int, max_chars: int):
+  """A WordPiece trained reproducibly.
+
+  The `tokenizers` WordPiece trainer gives '##c' tokens ids in hash-map order,
+  and those ids break ties between merges, so two runs on the same text can give
+  different vocabularies (huggingface/tokenizers issue 1794). Declaring every
+  '##c' up front (as trainer special tokens, in sorted order) fixes their ids;
+  the trained vocabulary is then rebuilt into a plain WordPiece model whose only
+  special tokens are SPECIAL_TOKENS.
+  """
+  tok, _ = new_tokenizer('wordpiece', vocab_size)
+  continuation = _continuation_tokens(_capped(texts(), max_chars), tok.normalizer)
+  trainer = trainers.WordPieceTrainer(
+      vocab_size=vocab_size, min_frequency=2, show_progress=False,
+      special_tokens=list(SPECIAL_TOKENS) + continuation, continuing_subword_prefix='##')
+  tok.train_from_iterator(_capped(texts(), max_chars), trainer=trainer)
+  out = Tokenizer(models.WordPiece(vocab=tok.get_vocab(), unk_token='<unk>',
+                                   continuing_subword_prefix='##'))
+  out.normalizer, out.pre_tokenizer, out.decoder = tok.normalizer, tok.pre_tokenizer, tok.decoder
+  out.add_special_tokens(list(SPECIAL_TOKENS))
+  return out
+
+
+def train_or_load_cached(texts: Callable[[], Iterable[str]], *, kind: str, vocab_size: int,
+                         corpus_key: str, cache_dir: str, max_chars: int = 0) -> str:
+  """Path of a tokenizer trained on `texts()`, cached under cache_dir/tokenizers.
+
+  Training is deterministic (same text, same file), so hosts that train their
+  own copy agree.
+  """
   path = os.path.join(cache_dir, 'tokenizers',
-                      f'{kind}-v{vocab_size}-{common.fingerprint([corpus_key, max_chars])}.json')
+                      f'{kind}-v{vocab_size}-{common.fingerprint([corpus_key, max_chars, 2])}.json')
   if os.path.exists(path):
     logging.info('Using cached %s tokenizer %s', kind, path)
     return path
-  tok, trainer = new_tokenizer(kind, vocab_size)
   logging.info('Training a %s tokenizer (vocab %d) on %s', kind, vocab_size, corpus_key)
-  tok.train_from_iterator(_capped(texts(), max_chars), trainer=trainer)
+  if kind == 'wordpiece':
+    tok = _train_wordpiece(texts, vocab_size, max_chars)
+  else:
+    tok, trainer = new_tokenizer(kind, vocab_size)
+    tok.train_from_iterator(_capped(texts(), max_chars), trainer=trainer)
   if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
     raise ValueError(f'The corpus {corpus_key} gave no tokens to train a tokenizer on: is it empty?')
   common.atomic_write_text(path, tok.to_str())

