@@ -8,7 +8,7 @@ Sizes: test (unit tests), tiny (minutes on a laptop CPU), s and b (the paper's D
 from experiments.configs.common import apply_size, base_config
 
 SIZES = {
-    "test": dict(preset="deit-test", image=8, patch=4, steps=40, batch=16, lr=3e-3),
+    "test": dict(preset="deit-test", image=28, patch=14, steps=40, batch=16, lr=3e-3),
     "tiny": dict(preset="deit-tiny", image=28, patch=4, steps=600, batch=128, lr=1e-3),
     "s": dict(preset="deit-s", image=224, patch=16, steps=300_000, batch=1024, lr=1e-3),
     "b": dict(preset="deit-b", image=224, patch=16, steps=300_000, batch=1024, lr=1e-3),

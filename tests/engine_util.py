@@ -1,0 +1,53 @@
+"""Shared pieces of the engine tests: tiny configs of the real experiment files, and a subprocess runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, ".cache", "test-data")  # Tokenizers trained once, shared by every test process.
+
+
+def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
+  """The real ``experiments/configs/<family>.py:test`` config, optionally 4 layers x 4 heads (for 3 levels)."""
+  from experiments.configs import bert, deit, gpt
+  c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("test")
+  c.unlock()
+  c.cycle.levels = levels
+  c.progress = False
+  c.tensorboard = False
+  c.data.cache_dir = CACHE
+  if deep:
+    c.model.num_layers, c.model.num_heads, c.model.head_dim = 4, 4, 8
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[str]:
+  out = [f"--config={os.path.join(ROOT, 'experiments', 'configs', family + '.py')}:test",
+         f"--config.cycle.levels={levels}", "--config.progress=False", "--config.tensorboard=False",
+         f"--config.data.cache_dir={CACHE}", "--compilation_cache="]
+  if deep:
+    out += ["--config.model.num_layers=4", "--config.model.num_heads=4", "--config.model.head_dim=8"]
+  out += [f"--config.{k}={v}" for k, v in overrides.items()]
+  return out
+
+
+def run_cli(workdir: str, flags: list[str], env: dict | None = None, timeout: float = 300):
+  """Runs ``python -m experiments.train`` in a subprocess; returns the CompletedProcess."""
+  full_env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **(env or {}))
+  return subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={workdir}", *flags], cwd=ROOT,
+                        env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(ln) for ln in f if ln.strip()]

@@ -1,0 +1,61 @@
+"""The V-cycle schedule as data: stages, steps, learning rates and the validation of bad settings."""
+
+import pytest
+
+from multilevel.cycles import build_plan
+from tests.engine_util import tiny_config
+
+
+def plan_of(family="gpt", levels=2, deep=True, **kw):
+  c = tiny_config(family, levels=levels, deep=deep, **kw)
+  from multilevel.cycles.run_config import model_config
+  return build_plan(model_config(c, None), c.cycle, c.train)
+
+
+def test_one_level_is_plain_training_with_warmup_and_decay():
+  p = plan_of(levels=1, **{"train.steps": 200})
+  (s,) = p.stages
+  assert (s.kind, s.enter, s.steps, s.lr.warmup, s.lr.decay) == ("scratch", "init", 200, 10, "linear")
+  assert p.maps == ()
+
+
+def test_two_levels_follow_the_reference_proportions():
+  p = plan_of(levels=2, **{"train.steps": 1000, "train.lr": 1e-4})
+  kinds = [(s.kind, s.level, s.enter, s.steps) for s in p.stages]
+  assert kinds == [("down", 0, "init", 50), ("bottom", 1, "coalesce", 500), ("up", 0, "grow", 500)]
+  down, bottom, up = p.stages
+  assert down.lr.warmup == down.steps and down.lr.decay == "constant"  # Warm-up only, stopping at the peak.
+  assert bottom.lr.peak == pytest.approx(4e-4) and bottom.lr.warmup == 0  # 4x the large model's rate.
+  assert up.lr.peak == pytest.approx(1e-4)
+  assert p.levels[1].num_layers == 2 and p.levels[1].num_heads == 2 and p.levels[1].head_dim == 8
+  assert p.snapshots_before(1) == (0,) and p.snapshots_before(2) == ()
+
+
+def test_three_levels_chain_down_and_up():
+  p = plan_of(levels=3, **{"train.steps": 400})
+  assert [(s.kind, s.level) for s in p.stages] == [("down", 0), ("down", 1), ("bottom", 2), ("up", 1), ("up", 0)]
+  assert [c.num_layers for c in p.levels] == [4, 2, 1] and [c.num_heads for c in p.levels] == [4, 2, 1]
+  assert p.snapshots_before(2) == (0, 1) and p.snapshots_before(3) == (0,) and p.snapshots_before(4) == ()
+  assert p.stages[4].steps == 200 and p.stages[3].steps == 100
+
+
+def test_knobs_reach_the_stages():
+  p = plan_of(levels=2, **{"train.steps": 1000, "cycle.transition_warmup_frac": 0.1,
+                          "cycle.final_schedule": "baseline_tail"})
+  assert p.stages[1].lr.warmup == 50 and p.stages[2].lr.warmup == 50
+  # The baseline decays linearly from its peak over 950 steps; with 500 left it is at 500/950 of the peak.
+  assert p.stages[2].lr.peak == pytest.approx(3e-3 * 500 / 950)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"cycle.levels": 0}, "levels must be >= 1"),
+    ({"cycle.optimizer_policy": "keep"}, "optimizer_policy"),
+    ({"cycle.final_schedule": "x"}, "final_schedule"),
+    ({"cycle.w_pre": 1.5}, "w_pre"),
+    ({"cycle.small_frac": 0.0}, "small_frac gives 0 steps"),
+    ({"cycle.levels": 4}, "Cannot shrink"),
+    ({"cycle.width_schemes": "[[[0, 1], [1, 2]]]", "cycle.levels": 2}, "twice"),
+])
+def test_bad_schedules_raise_clear_errors(override, message):
+  with pytest.raises(ValueError, match=message):
+    plan_of(**override)
