@@ -117,7 +117,7 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
     metrics = {
         "loss": aux["loss_sum"] / jnp.maximum(aux["count"], 1.0),
         "accuracy": aux["correct"] / jnp.maximum(aux["count"], 1.0),
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
     }
     return TrainState(params, opt_state), metrics
 

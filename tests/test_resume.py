@@ -1,0 +1,84 @@
+"""Resumption: a run killed anywhere and restarted with the same command ends bit for bit where an uninterrupted run
+ends; a missing, damaged or foreign checkpoint is a clear error, never a silent fresh start."""
+
+import os
+import shutil
+
+import pytest
+
+from multilevel.checkpoint import CheckpointError
+from multilevel.cycles.driver import train_and_evaluate
+from tests.engine_util import config_flags, read_jsonl, run_cli, tiny_config
+
+OVERRIDES = {"checkpoint.every": 10}
+VOLATILE = ("train_seconds", "compile_seconds")
+
+
+def _stable(records):
+  return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def test_killed_runs_resume_bit_for_bit(tmp_path):
+  """One run killed four times (mid-stage, right after two level transitions, during a save) vs. one never killed."""
+  ref = train_and_evaluate(tiny_config("gpt", levels=3, deep=True, **OVERRIDES), str(tmp_path / "ref"))
+  flags = config_flags("gpt", 3, True, OVERRIDES)
+  work = str(tmp_path / "killed")
+  # Stages: 2 + 2 steps down, 20 at the bottom, 10 up at level 1, 20 at level 0 (global steps 0..54).
+  for fault in ("step:7", "transition:3", "save:9", "step:47"):
+    proc = run_cli(work, flags, env={"MULTILEVEL_FAULT": fault})
+    assert proc.returncode == 137, f"fault {fault} did not fire (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
+  proc = run_cli(work, flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  killed = read_jsonl(os.path.join(work, "summary.json").replace("summary.json", "metrics.jsonl"))
+  import json
+  with open(os.path.join(work, "summary.json")) as f:
+    summary = json.load(f)
+  assert summary["params_sha256"] == ref["params_sha256"]
+  assert summary["final_eval_loss"] == ref["final_eval_loss"]
+  assert summary["total_flops"] == ref["total_flops"] and summary["steps"] == ref["steps"]
+  assert _stable(killed) == _stable(read_jsonl(str(tmp_path / "ref" / "metrics.jsonl")))
+
+
+def test_rerunning_a_finished_run_changes_nothing(tmp_path):
+  c = tiny_config("gpt", levels=1, **{"train.steps": 12})
+  a = train_and_evaluate(c, str(tmp_path))
+  n = len(read_jsonl(str(tmp_path / "metrics.jsonl")))
+  b = train_and_evaluate(c, str(tmp_path))
+  assert a["params_sha256"] == b["params_sha256"] and len(read_jsonl(str(tmp_path / "metrics.jsonl"))) == n
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  work = tmp_path_factory.mktemp("finished")
+  train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12}), str(work))
+  return work
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return str(dst)
+
+
+def test_a_different_config_is_refused(finished_run, tmp_path):
+  work = _copy(finished_run, tmp_path / "w")
+  with pytest.raises(CheckpointError, match=r"different config[\s\S]*train.lr"):
+    train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12, "train.lr": 0.5}), work)
+
+
+def test_a_damaged_checkpoint_is_refused(finished_run, tmp_path):
+  work = _copy(finished_run, tmp_path / "w")
+  ckpts = os.path.join(work, "checkpoints")
+  latest = max(int(d) for d in os.listdir(ckpts) if d.isdigit())
+  for root, _, files in os.walk(os.path.join(ckpts, str(latest), "state")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"\x00garbage")
+  with pytest.raises(CheckpointError, match=f"Checkpoint {latest} .* could not be read"):
+    train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12}), work)
+
+
+def test_missing_checkpoints_are_refused(finished_run, tmp_path):
+  work = _copy(finished_run, tmp_path / "w")
+  shutil.rmtree(os.path.join(work, "checkpoints"))
+  with pytest.raises(CheckpointError, match="no complete checkpoint"):
+    train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12}), work)
