@@ -58,6 +58,7 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   k.keep = 2
   k.async_save = True
 
+  c.init_from = ""  # A Hugging Face checkpoint (directory or file) to start the target model from.
   c.progress = True
   c.tensorboard = True
   return c

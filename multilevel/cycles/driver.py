@@ -150,7 +150,7 @@ class Runner:
   def fresh(self):
     stage = self.plan.stages[0]
     tx, _, _ = self.steps_for(stage)
-    params = jax.device_put(M.init_params(self.plan.levels[0], int(self.config.train.seed)), self.rep)
+    params = jax.device_put(self.initial_params(), self.rep)
     state = TrainState(params, tx.init(params))
     pos = {"stage": 0, "stage_step": 0, "global_step": 0, "flops": 0.0, "train_seconds": 0.0, "examples": 0,
            "per_stage": [], "snapshots": [], "save_id": 0}
@@ -161,6 +161,21 @@ class Runner:
       write_json_atomic(os.path.join(self.workdir, "run.json"),
                         {"config": self.cfg_json, "plan": self.plan.describe().splitlines()})
     return state, {}, pos
+
+  def initial_params(self):
+    """Random init, or the weights of a Hugging Face checkpoint (``config.init_from``) for the target model."""
+    source = str(self.config.get("init_from", "") or "")
+    if not source:
+      return M.init_params(self.plan.levels[0], int(self.config.train.seed))
+    from multilevel.interop import load_hf
+    _, params = load_hf(source)
+    try:
+      O.check_matches_config(params, self.plan.levels[0], f"the checkpoint {source}")
+    except ValueError as e:
+      raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
+                       f"vocab_size, max_len); set --config.model.* and data.tokenizer to the checkpoint's.") from e
+    logging.info("Initialised the target model from %s.", source)
+    return params
 
   # ---- transitions -------------------------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ class Bert(nn.Module):
     x_BxTxD = word(tokens_BxT) + pos[None, :t] + jnp.take(types, token_types_BxT, axis=0)
     x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_embed")(x_BxTxD)
     x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = x_BxTxD.astype(compute_dtype(cfg))
     x_BxTxD = stack(cfg, pre_ln=False, causal=False, deterministic=not train)(x_BxTxD, mask_BxT)
     h_BxTxD = nn.Dense(cfg.width, kernel_init=dense_init(), name="mlm_dense")(x_BxTxD)
     h_BxTxD = nn.gelu(h_BxTxD, approximate=False)
@@ -59,7 +58,7 @@ class Gpt(nn.Module):
     pos = self.param("position", nn.initializers.normal(0.01), (cfg.max_len, cfg.width))
     x_BxTxD = word(tokens_BxT) + pos[None, :t]
     x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = stack(cfg, pre_ln=True, causal=True, deterministic=not train)(x_BxTxD.astype(compute_dtype(cfg)))
+    x_BxTxD = stack(cfg, pre_ln=True, causal=True, deterministic=not train)(x_BxTxD)
     x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x_BxTxD)
     return word.attend(x_BxTxD.astype(jnp.float32))
 
@@ -90,7 +89,7 @@ class Deit(nn.Module):
     x_BxTxD = jnp.concatenate(tokens + [x_BxNxD], axis=1)
     x_BxTxD = x_BxTxD + self.param("pos", dense_init(), (1, cfg.seq_len, cfg.width))
     x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = stack(cfg, pre_ln=True, causal=False, deterministic=not train)(x_BxTxD.astype(compute_dtype(cfg)))
+    x_BxTxD = stack(cfg, pre_ln=True, causal=False, deterministic=not train)(x_BxTxD)
     x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x_BxTxD).astype(jnp.float32)
     logits_BxC = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.zeros, name="head")(x_BxTxD[:, 0])
     if cfg.distill_token:

@@ -66,12 +66,14 @@ class Mlp(nn.Module):
     h_BxTxF = nn.Dense(cfg.ffn_dim, dtype=dt, kernel_init=dense_init(), name="fc1")(x_BxTxD)
     # GPT-2 uses the tanh approximation ("gelu_new"); BERT and ViT/DeiT use the exact erf form.
     h_BxTxF = nn.gelu(h_BxTxF, approximate=self.cfg.family == "gpt")
-    h_BxTxF = nn.Dropout(cfg.dropout)(h_BxTxF, deterministic=self.deterministic)
     return nn.Dense(cfg.width, dtype=dt, kernel_init=dense_init(self.out_std), name="fc2")(h_BxTxF)
 
 
 class Block(nn.Module):
-  """One block; ``pre_ln`` selects GPT/DeiT (pre-LN) or BERT (post-LN) ordering. Used as a scan body."""
+  """One block; ``pre_ln`` selects GPT/DeiT (pre-LN) or BERT (post-LN) ordering. Used as a scan body.
+
+  The residual stream stays float32; the projections compute in ``cfg.dtype`` (bf16 on GPUs). Dropout sits where
+  Hugging Face's BERT, GPT-2 and ViT put it: on attention probabilities and on each branch output."""
 
   cfg: ModelConfig
   pre_ln: bool
