@@ -42,6 +42,7 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   v.depth_schemes = ""
   v.embed_factor = 0.0  # 0 = the group size (the reference's 2 for pairs).
   v.preln_exact = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2); off = reference.
+  v.depth_growth = "copy"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN models)
   # Per level, target model first; cut to the number of levels used.
   v.down_fracs = (0.05, 0.05, 0.05)  # Steps at each level before coalescing, as fractions of train.steps.
   v.small_frac = 0.5  # Steps at the smallest level.

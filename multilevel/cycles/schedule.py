@@ -120,7 +120,8 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
   for i in range(k - 1):
     m = make_mapping(cfg, width=widths[i], depth=depths[i], width_factor=int(cycle.width_factor),
                      depth_factor=int(cycle.depth_factor), depth_mode=cycle.depth_mode,
-                     embed_factor=float(cycle.embed_factor) or None, preln_exact=bool(cycle.preln_exact))
+                     embed_factor=float(cycle.embed_factor) or None, preln_exact=bool(cycle.preln_exact),
+                     depth_growth=cycle.get("depth_growth", "copy"))
     maps.append(m)
     cfg = m.small
   levels = (model,) + tuple(m.small for m in maps)

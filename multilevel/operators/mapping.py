@@ -23,6 +23,7 @@ from multilevel.models import FAMILY, ModelConfig
 
 Groups = tuple[tuple[int, ...], ...]
 DEPTH_MODES = ("adjacent", "stride")
+DEPTH_GROWTH = ("copy", "scaled", "zero")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,12 @@ class LevelMap:
     preln_exact: also scale residual-branch outputs (attention and FFN output projections) by the embedding rule,
       which makes width growth function-preserving for pre-LN GPT (exact up to LayerNorm's epsilon; method.md 5.2).
       Default False = the reference behaviour. Not meaningful for post-LN BERT (raises); a no-op for DeiT.
+    depth_growth: how merged layers come back on growth. 'copy' (the reference): every copy is the small layer,
+      which does not keep the function. For the residual-branch outputs (attention and FFN output projections)
+      only: 'scaled' divides each copy's output by the group size (coalescing multiplies the average back), so a
+      grown stack adds about the small layer's update once; 'zero' keeps the first copy and zeroes the others'
+      outputs (coalescing sums), so for pre-LN models (GPT, DeiT) the new layers start as identities and depth
+      growth keeps the function exactly. Both keep ``coalesce(decoalesce(p)) == p``.
   """
 
   large: ModelConfig
@@ -125,6 +132,7 @@ class LevelMap:
   layers: Groups
   embed_factor: Optional[float] = None
   preln_exact: bool = False
+  depth_growth: str = "copy"
 
   @functools.cached_property
   def head_map(self) -> GroupMap:
@@ -158,7 +166,7 @@ class LevelMap:
 
 def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: int = 2, depth_factor: int = 2,
                  depth_mode: str = "adjacent", embed_factor: Optional[float] = None,
-                 preln_exact: bool = False) -> LevelMap:
+                 preln_exact: bool = False, depth_growth: str = "copy") -> LevelMap:
   """Validates the schemes and returns the ``LevelMap`` from ``large`` to the derived small config.
 
   ``width``/``depth`` are explicit schemes; when ``None`` the defaults halve (``*_factor``), and a factor of 1 keeps
@@ -175,9 +183,11 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
                      f"growth is already function-preserving. Leave preln_exact=False.")
   if embed_factor is not None and not embed_factor > 0:
     raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
+  if depth_growth not in DEPTH_GROWTH:
+    raise ValueError(f"depth_growth must be one of {DEPTH_GROWTH}, got {depth_growth!r}.")
   small = large.replace(num_heads=len(heads), num_layers=len(layers))
   return LevelMap(large, small, heads, layers, None if embed_factor is None else float(embed_factor),
-                  bool(preln_exact))
+                  bool(preln_exact), depth_growth)
 
 
 def make_chain(large: ModelConfig, levels: int, **kw) -> list[LevelMap]:

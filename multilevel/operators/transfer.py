@@ -80,6 +80,21 @@ def _decoalesce_axis(x, axis: int, gm: GroupMap, scale):
   return y.astype(dt)
 
 
+def _depth_residual_coalesce(x, axis: int, gm: GroupMap, mode: str):
+  """Layers merged for a residual-branch output under ``depth_growth`` 'scaled' (n * mean) or 'zero' (sum)."""
+  if mode == "scaled":
+    return _coalesce_axis(x, axis, gm, gm.counts)
+  return _segment_sum(x, gm.g, gm.n_small, axis).astype(x.dtype)
+
+
+def _depth_residual_decoalesce(x, axis: int, gm: GroupMap, mode: str):
+  if mode == "scaled":
+    return _decoalesce_axis(x, axis, gm, gm.counts)
+  y = jnp.take(x, jnp.asarray(gm.g), axis=axis)
+  keep = (gm.first[gm.g] == np.arange(len(gm.g))).astype(x.dtype)  # 1 for each group's first layer, else 0.
+  return (y * _bshape(keep, x.ndim, axis)).astype(x.dtype)
+
+
 def _roles(m: LevelMap, name: str, ndim: int):
   table = FAMILY[m.large.family].axes
   if name not in table:
@@ -91,7 +106,7 @@ def _roles(m: LevelMap, name: str, ndim: int):
   return roles
 
 
-def _transform(params: Mapping, m: LevelMap, axis_fn, order):
+def _transform(params: Mapping, m: LevelMap, axis_fn, order, depth_residual_fn):
   out = {}
   for name, x in flatten(params).items():
     x = jnp.array(x)  # A fresh array: the output never aliases the input, so either may be donated.
@@ -100,7 +115,10 @@ def _transform(params: Mapping, m: LevelMap, axis_fn, order):
     axes = sorted((i for i, r in enumerate(roles) if r is not None), key=lambda i: order(roles[i] == A.LAYERS))
     for axis in axes:
       gm, scale = _axis_rules(m, roles[axis])
-      x = axis_fn(x, axis, gm, scale)
+      if roles[axis] == A.LAYERS and A.RESIDUAL in roles and m.depth_growth != "copy" and m.changes_depth:
+        x = depth_residual_fn(x, axis, gm, m.depth_growth)
+      else:
+        x = axis_fn(x, axis, gm, scale)
     out[name] = x
   return unflatten(out)
 
@@ -113,7 +131,7 @@ def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
   """
   if check:
     check_matches_config(params, mapping.large, "the tree to coalesce")
-  return _transform(params, mapping, _coalesce_axis, order=lambda is_depth: is_depth)
+  return _transform(params, mapping, _coalesce_axis, lambda is_depth: is_depth, _depth_residual_coalesce)
 
 
 def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
@@ -125,4 +143,5 @@ def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dic
   """
   if check:
     check_matches_config(params, mapping.small, "the tree to de-coalesce")
-  return _transform(params, mapping, _decoalesce_axis, order=lambda is_depth: not is_depth)
+  return _transform(params, mapping, _decoalesce_axis, lambda is_depth: not is_depth,
+                    _depth_residual_decoalesce)

@@ -1,0 +1,212 @@
+"""Does the V-cycle save compute? Scratch and V-cycle variants on the same data, seed and budget, in one invocation.
+
+  python benchmarks/saving.py --family=gpt --budgets=160,320,640,1280 --variants=reference,warmup \
+      --out=benchmarks/results/saving_gpt.json
+
+For each budget (train.steps of the scratch run) it trains scratch (levels=1) and every variant, then reads off the
+eval curves: the FLOPs and training seconds each variant needed to reach scratch's final eval loss (linear
+interpolation between evaluations of the target model), the savings in percent, and the equal-FLOPs view (variant's
+final loss minus scratch's loss at the same FLOPs; negative = better).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Named variants: config overrides on top of the family's benchmark model. "reference" is the paper's protocol.
+VARIANTS = {
+    "reference": {},
+    "warmup": {"cycle.transition_warmup_frac": 0.05},
+    "warmup_exact": {"cycle.transition_warmup_frac": 0.05, "cycle.preln_exact": True},
+    "width_only": {"cycle.transition_warmup_frac": 0.05, "cycle.depth_factor": 1, "cycle.preln_exact": True},
+    "depth_zero": {"cycle.transition_warmup_frac": 0.05, "cycle.preln_exact": True, "cycle.depth_growth": "zero"},
+    "depth_scaled": {"cycle.transition_warmup_frac": 0.05, "cycle.preln_exact": True,
+                     "cycle.depth_growth": "scaled"},
+    "stride": {"cycle.transition_warmup_frac": 0.05, "cycle.depth_mode": "stride"},
+    "carry": {"cycle.transition_warmup_frac": 0.05, "cycle.optimizer_policy": "carry"},
+    "tail": {"cycle.transition_warmup_frac": 0.05, "cycle.final_schedule": "baseline_tail"},
+    "w0": {"cycle.transition_warmup_frac": 0.05, "cycle.w_pre": 0.0},
+    "control": {"cycle.transition_warmup_frac": 0.05, "cycle.restart_control": True},
+    "three_levels": {"cycle.transition_warmup_frac": 0.05, "cycle.levels": 3},
+}
+
+# Benchmark models: small enough to train to ~40 tokens per parameter on 2 CPU cores.
+MODELS = {
+    "gpt": {"model.num_layers": 4, "model.num_heads": 2, "model.head_dim": 32, "model.max_len": 128,
+            "data.vocab_size": 1024, "train.batch_size": 32, "train.lr": 2e-3},
+    "bert": {"model.num_layers": 4, "model.num_heads": 2, "model.head_dim": 32, "model.max_len": 128,
+             "data.vocab_size": 1024, "train.batch_size": 32, "train.lr": 2e-3},
+    "deit": {"model.num_layers": 4, "model.num_heads": 2, "model.head_dim": 32, "model.patch_size": 4,
+             "train.batch_size": 128, "train.lr": 2e-3},
+}
+
+_FAMILY = flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit"], "Model family.")
+_BUDGETS = flags.DEFINE_list("budgets", ["160", "320", "640", "1280"], "Scratch step budgets (train.steps).")
+_VARIANTS = flags.DEFINE_list("variants", ["reference", "warmup"], f"V-cycle variants: {sorted(VARIANTS)}.")
+_SET = flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run (e.g. model.num_layers=8).")
+_EVALS = flags.DEFINE_integer("evals", 20, "Evaluations per run (eval_every = steps / evals).")
+_WORKROOT = flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).")
+_OUT = flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).")
+
+
+def _apply(c, overrides: dict):
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = type(node[leaf])(value) if not isinstance(node[leaf], (tuple, list)) else value
+
+
+def make_config(family: str, steps: int, overrides: dict, extra: dict):
+  from experiments.configs import bert, deit, gpt
+  c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("tiny")
+  c.unlock()
+  _apply(c, MODELS[family])
+  _apply(c, extra)
+  c.train.steps = steps
+  c.train.log_every = max(1, steps // 40)
+  c.train.eval_every = max(1, steps // _EVALS.value)
+  c.checkpoint.every = 0
+  c.checkpoint.async_save = True
+  c.progress = False
+  c.tensorboard = False
+  c.data.max_eval_batches = 8
+  _apply(c, overrides)
+  return c
+
+
+def curve(records, target_only: bool = True):
+  """(flops, seconds, eval_loss) of evaluations; with target_only only those of the level-0 model."""
+  out = []
+  for r in records:
+    if "eval_loss" in r and "flops" in r and (not target_only or r["level"] == 0):
+      out.append((r["flops"], r["train_seconds"], r["eval_loss"]))
+  return out
+
+
+def reach(points, target: float):
+  """FLOPs and seconds at which the curve first reaches ``target`` (linear between evaluations), else None."""
+  prev = None
+  for f, s, l in points:
+    if l <= target:
+      if prev is None or prev[2] == l:
+        return f, s
+      pf, ps, pl = prev
+      w = (pl - target) / (pl - l)
+      return pf + w * (f - pf), ps + w * (s - ps)
+    prev = (f, s, l)
+  return None
+
+
+def loss_at(points, flops: float):
+  """Scratch's eval loss at ``flops`` (linear between evaluations; clamped at the ends)."""
+  if flops <= points[0][0]:
+    return points[0][2]
+  for (f0, _, l0), (f1, _, l1) in zip(points, points[1:]):
+    if f0 <= flops <= f1:
+      return l0 + (l1 - l0) * (flops - f0) / max(f1 - f0, 1e-30)
+  return points[-1][2]
+
+
+def compare(scratch: dict, run: dict) -> dict:
+  target = scratch["summary"]["final_eval_loss"]
+  hit = reach(curve(run["records"]), target)
+  sf, ss = scratch["summary"]["total_flops"], scratch["summary"]["train_seconds"]
+  out = {"final_eval_loss": run["summary"]["final_eval_loss"], "total_flops": run["summary"]["total_flops"],
+         "train_seconds": run["summary"]["train_seconds"],
+         "flops_ratio_total": run["summary"]["total_flops"] / sf,
+         "seconds_ratio_total": run["summary"]["train_seconds"] / ss,
+         "equal_flops_loss_diff": run["summary"]["final_eval_loss"] - loss_at(curve(scratch["records"]),
+                                                                              run["summary"]["total_flops"])}
+  if hit is None:
+    out.update(reached=False, flops_saving=None, seconds_saving=None)
+  else:
+    out.update(reached=True, flops_to_reach=hit[0], seconds_to_reach=hit[1], flops_saving=1 - hit[0] / sf,
+               seconds_saving=1 - hit[1] / ss)
+  events = {}
+  for r in run["records"]:
+    if r.get("event"):
+      events.setdefault(r["event"], []).append(round(r["eval_loss"], 4))
+  out["transition_losses"] = events
+  return out
+
+
+def train(config, workdir):
+  import shutil
+
+  from multilevel.cycles.driver import train_and_evaluate
+  from multilevel.metrics import read_metrics
+  shutil.rmtree(workdir, ignore_errors=True)
+  summary = train_and_evaluate(config, workdir)
+  return {"summary": summary, "records": read_metrics(workdir)}
+
+
+def main(argv):
+  del argv
+  import jax
+
+  from multilevel import models as M
+  family = _FAMILY.value
+  extra = dict(kv.split("=", 1) for kv in _SET.value)
+  unknown = [v for v in _VARIANTS.value if v not in VARIANTS]
+  if unknown:
+    raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")
+  out_path = _OUT.value or os.path.join(os.path.dirname(__file__), "results", f"saving_{family}.json")
+  results = {"command": " ".join(sys.argv), "family": family, "model_overrides": {**MODELS[family], **extra},
+             "jax": jax.__version__, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budgets": []}
+  for steps in [int(b) for b in _BUDGETS.value]:
+    cfg = make_config(family, steps, {"cycle.levels": 1}, extra)
+    scratch = train(cfg, os.path.join(_WORKROOT.value, f"{family}-{steps}-scratch"))
+    from multilevel.cycles.run_config import model_config
+    n_params = M.num_params(M.abstract_params(model_config(cfg, None).replace(
+        vocab_size=int(cfg.data.vocab_size))))
+    per_example = cfg.model.max_len if family != "deit" else 1
+    entry = {"steps": steps, "params": n_params,
+             "tokens_per_param": steps * cfg.train.batch_size * per_example / n_params if family != "deit" else None,
+             "scratch": {k: scratch["summary"][k] for k in ("final_eval_loss", "total_flops", "train_seconds")},
+             "variants": {}}
+    for name in _VARIANTS.value:
+      run = train(make_config(family, steps, VARIANTS[name], extra),
+                  os.path.join(_WORKROOT.value, f"{family}-{steps}-{name}"))
+      entry["variants"][name] = compare(scratch, run)
+      v = entry["variants"][name]
+      logging.info("budget %d %s: loss %.4f vs scratch %.4f | FLOPs saving %s | seconds saving %s", steps, name,
+                   v["final_eval_loss"], entry["scratch"]["final_eval_loss"], v["flops_saving"], v["seconds_saving"])
+    results["budgets"].append(entry)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path + ".tmp", "w") as f:
+      json.dump(results, f, indent=1)
+    os.replace(out_path + ".tmp", out_path)
+  print(table(results))
+
+
+def fmt(x, pct=False):
+  if x is None:
+    return "not reached"
+  return f"{100 * x:+.1f}%" if pct else f"{x:.3f}"
+
+
+def table(results) -> str:
+  lines = ["| steps | tokens/param | variant | final loss (scratch) | FLOPs saved | seconds saved | "
+           "loss diff at equal FLOPs |", "|---|---|---|---|---|---|---|"]
+  for b in results["budgets"]:
+    tpp = f"{b['tokens_per_param']:.1f}" if b["tokens_per_param"] else "-"
+    for name, v in b["variants"].items():
+      lines.append(f"| {b['steps']} | {tpp} | {name} | {v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f}) "
+                   f"| {fmt(v['flops_saving'], True)} | {fmt(v['seconds_saving'], True)} | "
+                   f"{v['equal_flops_loss_diff']:+.3f} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  app.run(main)
