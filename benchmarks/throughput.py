@@ -1,0 +1,336 @@
+"""Train-step tokens/s of our JAX step against Hugging Face transformers (PyTorch) for the same shapes, in one run.
+
+    python benchmarks/throughput.py [--models gpt,bert] [--layers 4 --heads 4 --head_dim 64 --ffn_ratio 4]
+        [--vocab 8192 --seq 128 --batch 8] [--warmup 2 --rounds 5 --steps 2] [--single_thread]
+        [--out benchmarks/results/throughput.json]
+
+Both sides start from the same weights (ours exported with ``multilevel.interop.to_hf_model``), fp32, dropout 0,
+tied embeddings, AdamW (lr 1e-4, weight decay 0.01 on matrices and embeddings only, betas 0.9/0.999, eps 1e-8,
+constant learning rate) and global-norm clipping at 1.0.
+
+- Ours: the jitted train step of ``multilevel.train.compiled_steps`` on one device (the engine's own step), blocked
+  on its outputs after every step. Compilation is excluded.
+- Hugging Face: ``GPT2LMHeadModel`` / ``BertForMaskedLM`` in ``train()`` mode, ``torch.set_num_threads(cpu count)``;
+  a step is forward, loss, backward, ``clip_grad_norm_``, ``AdamW.step`` and ``zero_grad``.
+- GPT: each row holds seq + 1 tokens; both sides run the model on the first seq and predict the next token at all
+  seq positions (HF: logits, then ``F.cross_entropy``), so both process exactly batch x seq positions per step.
+- BERT: ours masks 15% of the positions inside the jitted step (80/10/10 corruption, random numbers on device); HF
+  gets inputs corrupted the same way with labels -100 on the other 85%, precomputed outside the timed region. The
+  masking is a few element-wise ops on a batch x seq array: a tiny extra cost on our side only. Both compute the
+  logits and the cross-entropy at every position (HF's ignore_index, our weights).
+
+Warm-up steps (excluded) are the same on both sides. The timed part runs in rounds; each round times ``--steps``
+steps of ours and of HF back to back (the order alternates between rounds, so a slow drift of the machine does not
+favour one side), and the reported ratio is the median of the per-round ratios. Tokens/s columns are medians over
+rounds. Run it on an idle machine for absolute numbers; the ratio is what survives a busy one, with one caveat:
+PyTorch's multi-threaded (OpenMP) kernels degrade badly when other processes share the cores (each op waits at a
+barrier for its slowest thread), XLA's much less. On the 2-core dev VM with a load average of about 5, a pure-torch
+GPT step (no JAX in the process) took 1.3-4.8 s with 2 threads and 0.8 s with 1. On a busy machine compare with
+``--single_thread`` (one thread on both sides) as well. The JSON file keeps the latest result of each thread mode
+under ``runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+MASK_ID = 4  # Any id works for throughput; both sides use the same one.
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--models", default="gpt,bert", help="Comma-separated: gpt (causal LM), bert (masked LM).")
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--head_dim", type=int, default=64)
+  p.add_argument("--ffn_ratio", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--seq", type=int, default=128, help="Positions the model processes per example.")
+  p.add_argument("--batch", type=int, default=8,
+                 help="Examples per step (8 keeps a step under ~1.5 s on the 2-core dev VM even for HF; 16 is fine "
+                      "on an idle machine).")
+  p.add_argument("--warmup", type=int, default=2, help="Untimed steps per framework after compilation.")
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--steps", type=int, default=2, help="Timed steps per framework per round.")
+  p.add_argument("--threads", type=int, default=0, help="torch threads (0 = os.cpu_count()).")
+  p.add_argument("--single_thread", action="store_true",
+                 help="One thread on both sides (torch.set_num_threads(1) and XLA's single-threaded Eigen): a check "
+                      "that is less sensitive to other jobs on the machine than two threads that must meet at every "
+                      "op's barrier.")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--note", default="", help="Free text stored in the JSON (e.g. what else ran on the machine).")
+  p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                               "throughput.json"), help="JSON results ('' = do not write).")
+  return p.parse_args(argv)
+
+
+def model_config(family: str, a):
+  from multilevel import models as M
+  # GPT's step predicts token t+1 from tokens <= t, so its rows hold seq + 1 tokens and max_len = seq + 1.
+  return M.ModelConfig(family, a.layers, a.heads, a.head_dim, a.ffn_ratio, vocab_size=a.vocab,
+                       max_len=a.seq + 1 if family == "gpt" else a.seq, dropout=0.0, dtype="float32")
+
+
+def make_batches(family: str, cfg, a, n: int = 4):
+  """``n`` batches: our rows (numpy) and the matching torch inputs/labels (BERT corrupted outside the timed part)."""
+  rng = np.random.default_rng(a.seed)
+  out = []
+  for _ in range(n):
+    if family == "gpt":
+      rows = rng.integers(0, cfg.vocab_size, (a.batch, a.seq + 1), dtype=np.int32)
+      out.append((rows, rows[:, :-1].astype(np.int64), rows[:, 1:].astype(np.int64)))
+    else:
+      rows = rng.integers(5, cfg.vocab_size, (a.batch, a.seq), dtype=np.int32)
+      picked = rng.random(rows.shape) < 0.15
+      kind = rng.random(rows.shape)
+      inputs = np.where(picked & (kind < 0.8), MASK_ID, rows)
+      inputs = np.where(picked & (kind >= 0.8) & (kind < 0.9), rng.integers(0, cfg.vocab_size, rows.shape), inputs)
+      labels = np.where(picked, rows, -100)
+      out.append((rows, inputs.astype(np.int64), labels.astype(np.int64)))
+  return out
+
+
+class Ours:
+  """Our engine's jitted train step on one device."""
+
+  def __init__(self, family, cfg, params, batches):
+    import jax
+    import jax.numpy as jnp
+
+    from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, compiled_steps,
+                                  make_mesh, put_batch)
+    self.jax, self.jnp = jax, jnp
+    mesh = make_mesh(1)
+    sc = StepConfig(cfg, ObjectiveConfig(mask_id=MASK_ID, pad_id=-1, mlm_prob=0.15), grad_accum=1, seed=0)
+    oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01,
+                     grad_clip=1.0)
+    tx, self.train, _ = compiled_steps(sc, oc, mesh)
+    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # The step donates its state.
+    self.state = TrainState(params, tx.init(params))
+    self.batches = [put_batch({"tokens": rows}, mesh) for rows, _, _ in batches]
+    self.g = 0
+    t0 = time.perf_counter()
+    self.train = self.train.lower(self.state, self.batches[0], jnp.int32(0)).compile()
+    self.compile_seconds = time.perf_counter() - t0
+    self.losses = []
+
+  def step(self):
+    self.state, metrics = self.train(self.state, self.batches[self.g % len(self.batches)], self.jnp.int32(self.g))
+    self.jax.block_until_ready((self.state, metrics))
+    self.g += 1
+    return metrics
+
+  def run(self, n):
+    m = None
+    for _ in range(n):
+      m = self.step()
+    if m is not None:
+      self.losses.append(float(m["loss"]))
+
+
+class HF:
+  """The same model in transformers: a plain PyTorch training step."""
+
+  def __init__(self, family, cfg, params, batches):
+    import torch
+    import torch.nn.functional as F
+
+    from multilevel.interop import to_hf_model
+    self.torch, self.F, self.family = torch, F, family
+    self.model = to_hf_model(cfg, params).float().train()
+    emb_in = self.model.get_input_embeddings().weight
+    emb_out = self.model.get_output_embeddings().weight
+    self.tied = emb_in.data_ptr() == emb_out.data_ptr()
+    self.attn_impl = getattr(self.model.config, "_attn_implementation", None)
+    ps = [p for p in self.model.parameters() if p.requires_grad]
+    # Same decay mask as ours: matrices and embedding tables decay, biases and LayerNorm do not.
+    groups = [{"params": [p for p in ps if p.ndim >= 2], "weight_decay": 0.01},
+              {"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0}]
+    self.opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.999), eps=1e-8)
+    self.params = ps
+    self.batches = [(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+                    for _, x, y in batches]
+    self.g = 0
+    self.losses = []
+
+  def step(self):
+    x, y = self.batches[self.g % len(self.batches)]
+    if self.family == "gpt":
+      logits = self.model(input_ids=x).logits
+      loss = self.F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    else:
+      loss = self.model(input_ids=x, labels=y).loss
+    loss.backward()
+    self.torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+    self.opt.step()
+    self.opt.zero_grad(set_to_none=True)
+    self.g += 1
+    return loss
+
+  def run(self, n):
+    loss = None
+    for _ in range(n):
+      loss = self.step()
+    if loss is not None:
+      self.losses.append(float(loss.detach()))
+
+
+def bench_family(family: str, a) -> dict:
+  import torch
+
+  from multilevel import models as M
+  from multilevel.train import train_flops_per_step
+  cfg = model_config(family, a)
+  params = M.init_params(cfg, a.seed)
+  batches = make_batches(family, cfg, a)
+  hf = HF(family, cfg, params, batches)
+  ours = Ours(family, cfg, params, batches)
+
+  # Sanity: on the very first batch and the same weights the two losses must agree (GPT exactly; BERT differs by
+  # its masks). Taken from the first warm-up step of each side.
+  first = {"ours": float(ours.step()["loss"]), "hf": float(hf.step().detach())}
+  ours.run(max(a.warmup - 1, 0))
+  hf.run(max(a.warmup - 1, 0))
+
+  tokens = a.batch * a.seq * a.steps
+  rounds = []
+  for r in range(a.rounds):
+    times = {}
+    order = (("ours", ours), ("hf", hf)) if r % 2 == 0 else (("hf", hf), ("ours", ours))
+    for name, side in order:
+      t0 = time.perf_counter()
+      side.run(a.steps)
+      times[name] = time.perf_counter() - t0
+    rounds.append({"ours_tokens_per_s": tokens / times["ours"], "hf_tokens_per_s": tokens / times["hf"],
+                   "ratio": times["hf"] / times["ours"], "first": order[0][0]})
+    print(f"  {family} round {r}: ours {rounds[-1]['ours_tokens_per_s']:.0f} tok/s, HF "
+          f"{rounds[-1]['hf_tokens_per_s']:.0f} tok/s, ratio {rounds[-1]['ratio']:.3f}", flush=True)
+  ours_tps = statistics.median(x["ours_tokens_per_s"] for x in rounds)
+  hf_tps = statistics.median(x["hf_tokens_per_s"] for x in rounds)
+  ratios = [x["ratio"] for x in rounds]
+  step_flops = train_flops_per_step(cfg, a.batch)
+  return {
+      "model": family, "objective": "causal LM" if family == "gpt" else "masked LM (15%)",
+      "shape": {"layers": cfg.num_layers, "heads": cfg.num_heads, "head_dim": cfg.head_dim, "width": cfg.width,
+                "ffn": cfg.ffn_dim, "vocab": cfg.vocab_size, "seq": a.seq, "batch": a.batch},
+      "params": M.num_params(params),
+      "ours_tokens_per_s": ours_tps, "hf_tokens_per_s": hf_tps,
+      "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+      "ours_step_s": a.batch * a.seq / ours_tps, "hf_step_s": a.batch * a.seq / hf_tps,
+      "analytic_train_flops_per_step": step_flops,
+      "ours_gflops_per_s": step_flops * ours_tps / (a.batch * a.seq) / 1e9,
+      "hf_gflops_per_s": step_flops * hf_tps / (a.batch * a.seq) / 1e9,
+      "ours_compile_s": ours.compile_seconds,
+      "first_step_loss": first, "last_loss": {"ours": ours.losses[-1], "hf": hf.losses[-1]},
+      "hf_attn_implementation": hf.attn_impl, "hf_tied_embeddings": hf.tied,
+      "torch_threads": torch.get_num_threads(), "rounds": rounds,
+  }
+
+
+def table(rows) -> str:
+  lines = ["| model | ours tokens/s | HF tokens/s | ratio ours/HF (median, [min, max]) | ours / HF step s |",
+           "|---|---:|---:|---:|---:|"]
+  for r in rows:
+    s = r["shape"]
+    name = (f"{'GPT-2 CLM' if r['model'] == 'gpt' else 'BERT MLM'} L{s['layers']} d{s['width']} "
+            f"h{s['heads']} ffn{s['ffn']} V{s['vocab']}, {s['batch']}x{s['seq']}")
+    lines.append(f"| {name} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | "
+                 f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
+                 f"{r['ours_step_s']:.3f} / {r['hf_step_s']:.3f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  a = parse_args(argv)
+  if a.single_thread:  # Must be set before jax is imported.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    a.threads = 1
+  import torch
+  torch.set_num_threads(a.threads or os.cpu_count())
+  import jax
+  import transformers
+
+  load0 = os.getloadavg()
+  started = time.strftime("%Y-%m-%d %H:%M:%S")
+  print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, {os.cpu_count()} CPUs, "
+        f"load average {load0[0]:.2f}", flush=True)
+  rows = []
+  for family in [m.strip() for m in a.models.split(",") if m.strip()]:
+    if family not in ("gpt", "bert"):
+      raise SystemExit(f"Unknown model {family!r}: choose gpt and/or bert.")
+    rows.append(bench_family(family, a))
+  load1 = os.getloadavg()
+  print()
+  print(table(rows))
+  busy = max(load0[0], load1[0]) > os.cpu_count()
+  if busy and torch.get_num_threads() > 1:
+    print(f"\nWARNING: load average above the CPU count with {torch.get_num_threads()} torch threads: PyTorch's "
+          "OpenMP kernels slow down far more than XLA's when cores are shared, which inflates the ratio. Compare "
+          "with --single_thread.")
+  print(f"\nRatio = our tokens/s / HF tokens/s (>1: ours faster); median over {a.rounds} rounds of {a.steps} steps "
+        f"each after {a.warmup} warm-up steps. Load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end "
+        f"on {os.cpu_count()} CPUs (above the CPU count means other jobs competed for the cores).")
+  for r in rows:
+    print(f"{r['model']}: first-step loss ours {r['first_step_loss']['ours']:.4f} / HF "
+          f"{r['first_step_loss']['hf']:.4f} (same weights; {'same batch' if r['model'] == 'gpt' else 'different masks'})"
+          f", HF attention {r['hf_attn_implementation']}, tied {r['hf_tied_embeddings']}, "
+          f"ours {r['ours_gflops_per_s']:.0f} / HF {r['hf_gflops_per_s']:.0f} analytic GFLOP/s")
+  result = {
+      "command": "python " + shlex.join([os.path.relpath(__file__, os.getcwd())] + (sys.argv[1:] if argv is None
+                                                                                     else list(argv))),
+      "started": started, "args": vars(a),
+      "versions": {"jax": jax.__version__, "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+                   "torch": torch.__version__, "transformers": transformers.__version__,
+                   "python": platform.python_version()},
+      "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "machine": platform.processor() or platform.machine(),
+      "load_average_start": load0, "load_average_end": load1,
+      "contention_note": a.note or (
+          "Load average above the CPU count means other processes competed for the cores during the run; absolute "
+          "tokens/s are then low and noisy, the ratio (both sides measured back to back in each round) less so."),
+      "method": "median of per-round ratios; rounds alternate which framework goes first; compilation and warm-up "
+                "excluded; BERT masks on our side are drawn inside the step, on HF's precomputed",
+      "results": rows,
+  }
+  if a.out:
+    mode = "single_thread" if a.single_thread else f"threads={torch.get_num_threads()}"
+    write_result(a.out, mode, result)
+    print(f"Wrote {a.out} (runs[{mode!r}])")
+  return result
+
+
+def write_result(path: str, mode: str, result: dict) -> None:
+  """Stores ``result`` as ``runs[mode]`` of the JSON file at ``path``, keeping the other modes' latest results."""
+  doc = {}
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        doc = json.load(f)
+    except (OSError, ValueError):
+      doc = {}
+  if "runs" not in doc:
+    doc = {"runs": {}}
+  doc["description"] = ("benchmarks/throughput.py: our JAX train step vs Hugging Face transformers (PyTorch) on "
+                        "the same shapes, tokens/s and their ratio; one entry per thread mode (latest run).")
+  doc["runs"][mode] = result
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(doc, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+  main()

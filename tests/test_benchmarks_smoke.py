@@ -1,0 +1,63 @@
+"""The GPU and HF-throughput benchmark scripts still run (tiny shapes, CPU): guards them against API drift."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
+def _run(args, timeout=300):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable] + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc.stdout
+
+
+def test_gpu_script_smoke_throughput(tmp_path):
+  out = tmp_path / "gpu.json"
+  stdout = _run([os.path.join(BENCH, "gpu.py"), "--smoke", "--skip_cycle", "--workroot", str(tmp_path),
+                 "--out", str(out)])
+  res = json.loads(out.read_text())
+  t = res["throughput"]
+  assert t["big"]["layers"] == 2 and t["small"]["layers"] == 1 and t["small"]["heads"] == 1
+  assert t["big"]["loss_finite"] and t["small"]["loss_finite"] and t["big"]["tokens_per_s"] > 0
+  assert 0 < t["flops_ratio_small_big"] < 1
+  assert "Step-time ratio small/big" in stdout
+
+
+def test_gpu_script_cycle_config():
+  """The driver config of part 2 (without training): GPT-2 shape, overrides applied, levels as asked."""
+  sys.path.insert(0, BENCH)
+  try:
+    import gpu
+  finally:
+    sys.path.remove(BENCH)
+  a = gpu.parse_args([])
+  c = gpu.cycle_config(a, 2)
+  assert (c.model.num_layers, c.model.num_heads, c.model.head_dim) == (12, 12, 64)
+  assert (c.model.max_len, c.model.dtype, c.data.vocab_size) == (512, "bfloat16", 8192)
+  assert (c.train.steps, c.train.batch_size, c.cycle.levels) == (400, 32, 2)
+  assert gpu.cycle_config(a, 1).cycle.levels == 1
+  s = gpu.parse_args(["--smoke"])
+  assert gpu.cycle_config(s, 2).model.num_layers == 2
+
+
+def test_throughput_script_tiny(tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  out = tmp_path / "throughput.json"
+  _run([os.path.join(BENCH, "throughput.py"), "--layers", "1", "--heads", "2", "--head_dim", "16", "--vocab", "256",
+        "--seq", "16", "--batch", "4", "--warmup", "1", "--rounds", "1", "--steps", "1", "--out", str(out)])
+  doc = json.loads(out.read_text())
+  (run,) = doc["runs"].values()
+  gpt, bert = run["results"]
+  assert gpt["model"] == "gpt" and bert["model"] == "bert"
+  # Same weights and batch: the first GPT losses agree across frameworks.
+  assert abs(gpt["first_step_loss"]["ours"] - gpt["first_step_loss"]["hf"]) < 1e-3
+  assert gpt["hf_tied_embeddings"] and bert["hf_tied_embeddings"]
+  assert gpt["ratio_median"] > 0 and bert["ratio_median"] > 0
