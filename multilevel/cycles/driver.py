@@ -40,6 +40,11 @@ def _fault(point: str) -> None:
     os._exit(137)
 
 
+# The operators compiled once per level map: eagerly they would compile hundreds of small programs per shape.
+_coalesce = jax.jit(O.coalesce, static_argnums=1, static_argnames="check")
+_decoalesce = jax.jit(O.decoalesce, static_argnums=1, static_argnames="check")
+
+
 class Evaluator:
   """Mean validation loss (and accuracy) over the fixed evaluation batches."""
 
@@ -186,16 +191,16 @@ class Runner:
     if dst.enter == "coalesce":
       m = plan.maps[src.level]
       snaps[src.level] = state.params  # The interpolation partner of the way back up: this level, right now.
-      params = O.coalesce(state.params, m)
-      opt_map = lambda t: O.coalesce(t, m, check=False)
+      params = _coalesce(state.params, m)
+      opt_map = lambda t: _coalesce(t, m, check=False)
       params = jax.device_put(params, self.rep)
       self.log_eval(eval_fn, params, dst, g, "after_coalesce")
     elif dst.enter == "grow":
       m = plan.maps[dst.level]
-      grown = jax.device_put(O.decoalesce(state.params, m), self.rep)
+      grown = jax.device_put(_decoalesce(state.params, m), self.rep)
       self.log_eval(eval_fn, grown, dst, g, "after_decoalesce")
       params = O.interpolate(grown, snaps.pop(dst.level), w_pre=plan.w_pre)
-      opt_map = lambda t: O.decoalesce(t, m, check=False)
+      opt_map = lambda t: _decoalesce(t, m, check=False)
       params = jax.device_put(params, self.rep)
       self.log_eval(eval_fn, params, dst, g, "after_interpolate")
     else:

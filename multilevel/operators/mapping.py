@@ -123,7 +123,8 @@ class LevelMap:
       only: 'scaled' divides each copy's output by the group size (coalescing multiplies the average back), so a
       grown stack adds about the small layer's update once; 'zero' keeps the first copy and zeroes the others'
       outputs (coalescing sums), so for pre-LN models (GPT, DeiT) the new layers start as identities and depth
-      growth keeps the function exactly. Both keep ``coalesce(decoalesce(p)) == p``.
+      growth keeps the function exactly. Both keep ``coalesce(decoalesce(p)) == p`` (bit for bit for
+      'zero'; for 'scaled' when the layer groups have power-of-two sizes, within a rounding otherwise).
   """
 
   large: ModelConfig

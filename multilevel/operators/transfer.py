@@ -9,7 +9,8 @@ Output sides use s = 1 (average / copy); input sides use s = n (sum / divide), s
 The mean is computed as ``x_first + sum_p (x_p - x_first) / n``: for a de-coalesced tree all members of a group are
 equal, the differences are exactly zero, and coalescing returns the small tree bit for bit for any group size on the
 averaged axes; on summed axes it is bit-exact when the group size is a power of two (``n * (x / n) == x``), and
-within one rounding otherwise.
+within a few roundings otherwise (under jit XLA may rewrite ``x / 3`` as ``x * (1/3)``). A consequence of the
+formula: ``-0.0`` comes back as ``+0.0`` and infinities as NaN (``inf - inf``), which finite training never meets.
 """
 
 from __future__ import annotations
