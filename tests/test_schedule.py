@@ -20,7 +20,7 @@ def test_one_level_is_plain_training_with_warmup_and_decay():
 
 
 def test_two_levels_follow_the_reference_proportions():
-  p = plan_of(levels=2, **{"train.steps": 1000, "train.lr": 1e-4})
+  p = plan_of(levels=2, **{"train.steps": 1000, "train.lr": 1e-4, "cycle.transition_warmup_frac": 0.0})
   kinds = [(s.kind, s.level, s.enter, s.steps) for s in p.stages]
   assert kinds == [("down", 0, "init", 50), ("bottom", 1, "coalesce", 500), ("up", 0, "grow", 500)]
   down, bottom, up = p.stages

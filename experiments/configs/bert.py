@@ -5,7 +5,7 @@
 Sizes: test (unit tests), tiny (minutes on a laptop CPU), base and large (the paper's models, GPU).
 """
 
-from experiments.configs.common import apply_size, base_config
+from experiments.configs.common import apply_protocol, apply_size, base_config, split_arg
 
 SIZES = {
     "test": dict(preset="bert-test", max_len=32, steps=40, batch=8, vocab=512, lr=3e-3),
@@ -15,7 +15,8 @@ SIZES = {
 }
 
 
-def get_config(size: str = "tiny"):
+def get_config(arg: str = "tiny"):
+  size, protocol = split_arg(arg, "tiny")
   if size not in SIZES:
     raise ValueError(f"Unknown bert size {size!r}; choose one of {sorted(SIZES)}.")
   s = SIZES[size]
@@ -29,4 +30,5 @@ def get_config(size: str = "tiny"):
   if size == "test":
     c.train.log_every, c.train.eval_every, c.checkpoint.every = 5, 20, 10
     c.data.max_eval_batches = 2
+  apply_protocol(c, protocol)
   return c

@@ -41,8 +41,10 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   v.width_schemes = ""  # JSON: one width scheme per transition, e.g. "[[[0,2],[1,3]]]"; '' = default halving.
   v.depth_schemes = ""
   v.embed_factor = 0.0  # 0 = the group size (the reference's 2 for pairs).
-  v.preln_exact = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2); off = reference.
-  v.depth_growth = "copy"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN models)
+  # Defaults are what won in benchmarks/ (README, "Does it save compute?"); ",reference" after the size in
+  # --config=...py:tiny,reference restores the paper's protocol (no warm-up, plain copies, reference GPT width rule).
+  v.preln_exact = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2); the family files set it.
+  v.depth_growth = "zero"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN models)
   # Per level, target model first; cut to the number of levels used.
   v.down_fracs = (0.05, 0.05, 0.05)  # Steps at each level before coalescing, as fractions of train.steps.
   v.small_frac = 0.5  # Steps at the smallest level.
@@ -50,7 +52,7 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   v.lr_scales = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
   v.w_pre = 0.5  # Interpolation weight of the pre-coalescing model.
   v.optimizer_policy = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
-  v.transition_warmup_frac = 0.0  # Linear warm-up after each transition, as a fraction of the stage.
+  v.transition_warmup_frac = 0.05  # Linear warm-up after each transition, as a fraction of the stage (ref.: 0).
   v.final_schedule = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
   v.restart_control = False  # Control: random weights at each transition instead of transferred ones.
 
@@ -72,3 +74,22 @@ def apply_size(c: ml_collections.ConfigDict, preset: str) -> None:
     d["vocab_size"] = 0
   for key, value in d.items():
     c.model[key] = value
+
+
+PROTOCOLS = ("", "reference")
+
+
+def split_arg(arg: str, default_size: str) -> tuple[str, str]:
+  """'tiny' -> ('tiny', ''); 'tiny,reference' -> ('tiny', 'reference')."""
+  size, _, protocol = (arg or default_size).partition(",")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"Unknown protocol {protocol!r} after the size; choose one of {PROTOCOLS[1:]} or none.")
+  return size or default_size, protocol
+
+
+def apply_protocol(c: ml_collections.ConfigDict, protocol: str) -> None:
+  """'reference': the paper's and the official code's V-cycle, for parity runs."""
+  if protocol == "reference":
+    c.cycle.transition_warmup_frac = 0.0
+    c.cycle.depth_growth = "copy"
+    c.cycle.preln_exact = False

@@ -1,0 +1,128 @@
+"""Merges saving-benchmark results, adds the scratch-frontier view, and plots them.
+
+  python benchmarks/analyze_saving.py benchmarks/results/saving_gpt_*.json --workroot=/tmp/mlb-gpt \
+      --out=benchmarks/results/saving_gpt_summary.json --plot=benchmarks/results/saving_gpt.png
+
+Two views of the saving, both against scratch runs of the same model, data and seed:
+- read off the curve (the issue's definition): FLOPs and seconds the V-cycle needed to reach scratch's final loss at
+  the same budget T; "not reached" when its level-0 curve never gets there.
+- the scratch frontier: scratch runs at several budgets (each with its own full warm-up and decay) give final loss
+  against cost; a V-cycle run ending at loss L with cost C saves 1 - C / C_scratch(L), where C_scratch(L) is read
+  on that frontier (linear in log cost between budgets; None outside the measured range).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from absl import app, flags
+
+_OUT = flags.DEFINE_string("out", "", "Merged JSON with frontier savings.")
+_PLOT = flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.")
+_WORKROOT = flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.")
+
+
+def frontier_cost(points, loss):
+  """Cost at which the scratch frontier [(cost, final_loss), ...] reaches ``loss`` (log-linear), else None."""
+  pts = sorted(points)
+  for (c0, l0), (c1, l1) in zip(pts, pts[1:]):
+    lo, hi = min(l0, l1), max(l0, l1)
+    if lo <= loss <= hi and l0 != l1:
+      w = (l0 - loss) / (l0 - l1)
+      return math.exp(math.log(c0) + w * (math.log(c1) - math.log(c0)))
+  return None
+
+
+def merge(paths):
+  budgets, meta = [], {}
+  for p in paths:
+    with open(p) as f:
+      d = json.load(f)
+    meta.setdefault("commands", []).append(d["command"])
+    meta["family"] = d["family"]
+    budgets += d["budgets"]
+  budgets.sort(key=lambda b: b["steps"])
+  flops_pts = [(b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets]
+  secs_pts = [(b["scratch"]["train_seconds"], b["scratch"]["final_eval_loss"]) for b in budgets]
+  for b in budgets:
+    for v in b["variants"].values():
+      cf = frontier_cost(flops_pts, v["final_eval_loss"])
+      cs = frontier_cost(secs_pts, v["final_eval_loss"])
+      v["frontier_flops_saving"] = None if cf is None else 1 - v["total_flops"] / cf
+      v["frontier_seconds_saving"] = None if cs is None else 1 - v["train_seconds"] / cs
+  return dict(meta, budgets=budgets)
+
+
+def pct(x):
+  return "n/a" if x is None else f"{100 * x:+.0f}%"
+
+
+def table(d) -> str:
+  rows = ["| T (steps) | tokens/param | variant | final loss (scratch) | FLOPs used | to reach scratch: FLOPs / s saved "
+          "| frontier: FLOPs / s saved | Δloss at equal FLOPs |", "|---|---|---|---|---|---|---|---|"]
+  for b in d["budgets"]:
+    for name, v in b["variants"].items():
+      reach = (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}" if v["reached"] else "not reached")
+      rows.append(f"| {b['steps']} | {b['tokens_per_param']:.1f} | {name} | {v['final_eval_loss']:.3f} "
+                  f"({b['scratch']['final_eval_loss']:.3f}) | {v['flops_ratio_total']:.2f}x | {reach} | "
+                  f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])} | "
+                  f"{v['equal_flops_loss_diff']:+.3f} |")
+  return "\n".join(rows)
+
+
+def plot(d, path, workroot):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from multilevel.metrics import read_metrics
+  fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
+  variants = sorted({n for b in d["budgets"] for n in b["variants"]})
+  for name in variants:
+    xs = [(b["tokens_per_param"], b["variants"][name]["frontier_flops_saving"]) for b in d["budgets"]
+          if name in b["variants"] and b["variants"][name]["frontier_flops_saving"] is not None]
+    if xs:
+      ax[0].plot(*zip(*xs), marker="o", label=name)
+  ax[0].axhline(0, color="k", lw=0.8)
+  ax[0].set_xscale("log")
+  ax[0].set_xlabel("budget (tokens per parameter)")
+  ax[0].set_ylabel("FLOPs saved vs scratch frontier")
+  ax[0].legend()
+  if workroot:
+    fam = d["family"]
+    for b in d["budgets"]:
+      for name in ["scratch"] + list(b["variants"]):
+        w = os.path.join(workroot, f"{fam}-{b['steps']}-{name}")
+        if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+          continue
+        pts = [(r["flops"], r["train_seconds"], r["eval_loss"]) for r in read_metrics(w)
+               if "eval_loss" in r and "flops" in r and r["level"] == 0]
+        if pts:
+          f, s, l = zip(*pts)
+          style = "-" if name == "scratch" else "--"
+          ax[1].plot(f, l, style, label=f"{name} T={b['steps']}")
+          ax[2].plot(s, l, style, label=f"{name} T={b['steps']}")
+  for a, lab in ((ax[1], "training FLOPs"), (ax[2], "training seconds")):
+    a.set_xlabel(lab)
+    a.set_ylabel("eval loss (target model)")
+    a.set_xscale("log")
+    a.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main(argv):
+  d = merge(argv[1:])
+  print(table(d))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(d, f, indent=1)
+  if _PLOT.value:
+    plot(d, _PLOT.value, _WORKROOT.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
