@@ -34,6 +34,7 @@ VARIANTS = {
     "depth_zero": _ZERO,
     "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0},
     "depth_zero_long": {**_ZERO, "cycle.up_fracs": (0.8, 0.25, 0.25)},
+    "depth_zero_s25": {**_ZERO, "cycle.small_frac": 0.25, "cycle.up_fracs": (0.75, 0.25, 0.25)},
     "depth_zero_carry": {**_ZERO, "cycle.optimizer_policy": "carry"},
     "depth_zero_tail": {**_ZERO, "cycle.final_schedule": "baseline_tail"},
     "depth_zero_3": {**_ZERO, "cycle.levels": 3},
@@ -59,6 +60,7 @@ _VARIANTS = flags.DEFINE_list("variants", ["reference", "warmup"], f"V-cycle var
 _SET = flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run (e.g. model.num_layers=8).")
 _EVALS = flags.DEFINE_integer("evals", 20, "Evaluations per run (eval_every = steps / evals).")
 _WORKROOT = flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).")
+_REUSE = flags.DEFINE_bool("reuse_scratch", False, "Reuse a finished scratch run found in --workroot.")
 _OUT = flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).")
 
 
@@ -175,7 +177,13 @@ def main(argv):
              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budgets": []}
   for steps in [int(b) for b in _BUDGETS.value]:
     cfg = make_config(family, steps, {"cycle.levels": 1}, extra)
-    scratch = train(cfg, os.path.join(_WORKROOT.value, f"{family}-{steps}-scratch"))
+    scratch_dir = os.path.join(_WORKROOT.value, f"{family}-{steps}-scratch")
+    if _REUSE.value and os.path.exists(os.path.join(scratch_dir, "summary.json")):
+      from multilevel.metrics import read_metrics
+      with open(os.path.join(scratch_dir, "summary.json")) as f:
+        scratch = {"summary": json.load(f), "records": read_metrics(scratch_dir)}
+    else:
+      scratch = train(cfg, scratch_dir)
     from multilevel.cycles.run_config import model_config
     n_params = M.num_params(M.abstract_params(model_config(cfg, None).replace(
         vocab_size=int(cfg.data.vocab_size))))
