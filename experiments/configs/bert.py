@@ -5,7 +5,7 @@
 Sizes: test (unit tests), tiny (minutes on a laptop CPU), base and large (the paper's models, GPU).
 """
 
-from experiments.configs.common import apply_protocol, apply_size, base_config, split_arg
+from experiments.configs.common import sized_config
 
 SIZES = {
     "test": dict(preset="bert-test", max_len=32, steps=40, batch=8, vocab=512, lr=3e-3),
@@ -15,20 +15,13 @@ SIZES = {
 }
 
 
-def get_config(arg: str = "tiny"):
-  size, protocol = split_arg(arg, "tiny")
-  if size not in SIZES:
-    raise ValueError(f"Unknown bert size {size!r}; choose one of {sorted(SIZES)}.")
-  s = SIZES[size]
-  c = base_config(s["preset"])
-  apply_size(c, s["preset"])
+def _customize(c, s, size):
+  del size
   c.model.max_len = s["max_len"]
   c.data.vocab_size = s["vocab"]
-  c.train.steps, c.train.batch_size, c.train.lr = s["steps"], s["batch"], s["lr"]
   c.cycle.levels = s.get("levels", 2)
   c.cycle.w_pre = 0.5  # The paper's value for BERT.
-  if size == "test":
-    c.train.log_every, c.train.eval_every, c.checkpoint.every = 5, 20, 10
-    c.data.max_eval_batches = 2
-  apply_protocol(c, protocol)
-  return c
+
+
+def get_config(arg: str = "tiny"):
+  return sized_config("bert", SIZES, arg, _customize)

@@ -93,3 +93,24 @@ def apply_protocol(c: ml_collections.ConfigDict, protocol: str) -> None:
     c.cycle.transition_warmup_frac = 0.0
     c.cycle.depth_growth = "copy"
     c.cycle.preln_exact = False
+
+
+def sized_config(family: str, sizes: dict, arg: str, customize) -> ml_collections.ConfigDict:
+  """The shared skeleton of the family files: pick the size, apply it, let the family adjust, then the protocol.
+
+  ``arg`` is what follows the colon in ``--config=...py:<arg>``: a size, optionally ``,reference``.
+  ``customize(config, size_entry, size_name)`` sets the family's own fields.
+  """
+  size, protocol = split_arg(arg, "tiny")
+  if size not in sizes:
+    raise ValueError(f"Unknown {family} size {size!r}; choose one of {sorted(sizes)}.")
+  s = sizes[size]
+  c = base_config(s["preset"])
+  apply_size(c, s["preset"])
+  c.train.steps, c.train.batch_size, c.train.lr = s["steps"], s["batch"], s["lr"]
+  customize(c, s, size)
+  if size == "test":  # Unit-test runs: frequent logs, evals and checkpoints, two eval batches.
+    c.train.log_every, c.train.eval_every, c.checkpoint.every = 5, 20, 10
+    c.data.max_eval_batches = 2
+  apply_protocol(c, protocol)
+  return c

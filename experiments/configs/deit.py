@@ -5,7 +5,7 @@
 Sizes: test (unit tests), tiny (minutes on a laptop CPU), s and b (the paper's DeiT-S / DeiT-B on ImageNet, GPU).
 """
 
-from experiments.configs.common import apply_protocol, apply_size, base_config, split_arg
+from experiments.configs.common import sized_config
 
 SIZES = {
     "test": dict(preset="deit-test", image=28, patch=14, steps=40, batch=16, lr=3e-3),
@@ -15,23 +15,15 @@ SIZES = {
 }
 
 
-def get_config(arg: str = "tiny"):
-  size, protocol = split_arg(arg, "tiny")
-  if size not in SIZES:
-    raise ValueError(f"Unknown deit size {size!r}; choose one of {sorted(SIZES)}.")
-  s = SIZES[size]
-  c = base_config(s["preset"])
-  apply_size(c, s["preset"])
+def _customize(c, s, size):
   c.model.image_size, c.model.patch_size = s["image"], s["patch"]
   c.model.num_classes, c.model.num_channels = 0, 0  # From the data.
-  c.train.steps, c.train.batch_size, c.train.lr = s["steps"], s["batch"], s["lr"]
   c.train.weight_decay = 0.05
   c.cycle.w_pre = 0.25  # The paper's value for DeiT.
+  c.cycle.preln_exact = True  # A no-op for DeiT's width rule; kept explicit for symmetry with GPT.
   if size in ("s", "b"):
     c.data.name = "tfds:imagenet2012"
-  c.cycle.preln_exact = True  # Pre-LN: with depth_growth='zero' the grown model starts as the small one.
-  if size == "test":
-    c.train.log_every, c.train.eval_every, c.checkpoint.every = 5, 20, 10
-    c.data.max_eval_batches = 2
-  apply_protocol(c, protocol)
-  return c
+
+
+def get_config(arg: str = "tiny"):
+  return sized_config("deit", SIZES, arg, _customize)

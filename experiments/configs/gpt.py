@@ -5,7 +5,7 @@
 Sizes: test (unit tests), tiny (a few minutes on a laptop CPU), small, gpt2 (124M, GPU).
 """
 
-from experiments.configs.common import apply_protocol, apply_size, base_config, split_arg
+from experiments.configs.common import sized_config
 
 SIZES = {
     "test": dict(preset="gpt-test", max_len=32, steps=40, batch=8, vocab=512, lr=3e-3),
@@ -15,22 +15,15 @@ SIZES = {
 }
 
 
-def get_config(arg: str = "tiny"):
-  size, protocol = split_arg(arg, "tiny")
-  if size not in SIZES:
-    raise ValueError(f"Unknown gpt size {size!r}; choose one of {sorted(SIZES)}.")
-  s = SIZES[size]
-  c = base_config(s["preset"])
-  apply_size(c, s["preset"])
+def _customize(c, s, size):
+  del size
   c.model.max_len = s["max_len"]
   if "layers" in s:
     c.model.num_layers, c.model.num_heads = s["layers"], s["heads"]
   c.data.vocab_size = s["vocab"]
-  c.train.steps, c.train.batch_size, c.train.lr = s["steps"], s["batch"], s["lr"]
   c.cycle.w_pre = 0.25  # The paper's value for GPT.
   c.cycle.preln_exact = True  # Pre-LN: with depth_growth='zero' the grown model starts as the small one.
-  if size == "test":
-    c.train.log_every, c.train.eval_every, c.checkpoint.every = 5, 20, 10
-    c.data.max_eval_batches = 2
-  apply_protocol(c, protocol)
-  return c
+
+
+def get_config(arg: str = "tiny"):
+  return sized_config("gpt", SIZES, arg, _customize)
