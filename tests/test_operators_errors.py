@@ -1,0 +1,126 @@
+"""Tests of multilevel.operators: interpolation (method.md section 6) and clear errors on bad schemes, configs
+and trees.
+
+The shared configs, compiled operators and helpers are in ``tests/operator_util.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from multilevel import operators as O
+from multilevel.operators.tree import flatten, unflatten
+from tests.operator_util import BASE, HOW, assert_like_config, assert_tree_equal, decoalesce, logits_of, random_params
+
+
+# ----------------------------------------------------------------------------------------------------- interpolation
+
+def test_interpolate_endpoints_are_exact():
+  grown, pre = random_params(BASE["gpt"], seed=13), random_params(BASE["gpt"], seed=14)
+  assert_tree_equal(O.interpolate(grown, pre, w_pre=0.0), grown)
+  assert_tree_equal(O.interpolate(grown, pre, w_pre=1.0), pre)
+  assert_tree_equal(O.interpolate(grown, pre, w_pre=0), grown)
+  mid = O.interpolate(grown, pre, w_pre=0.25)
+  assert_like_config(mid, BASE["gpt"])
+  g, p = np.asarray(grown["word"]["embedding"]), np.asarray(pre["word"]["embedding"])
+  np.testing.assert_allclose(np.asarray(mid["word"]["embedding"]), 0.75 * g + 0.25 * p, rtol=1e-6, atol=1e-6)
+  # A traced weight (under jit) is not range-checked, but computes the same blend.
+  traced = jax.jit(lambda w: O.interpolate(grown, pre, w_pre=w))(jnp.float32(0.25))
+  np.testing.assert_allclose(np.asarray(traced["word"]["embedding"]), 0.75 * g + 0.25 * p, rtol=1e-6, atol=1e-6)
+
+
+def test_interpolation_error_grows_with_w_pre():
+  """As the reference testbench: the grown model D(theta_S) mixed with an unrelated "pre" model; the mean
+  |dlogit| against the grown model is 0 at w_pre = 0 and grows with w_pre. Measured on BERT: 0, 0.34, 0.60, 0.71,
+  0.83 for w_pre = 0, .25, .5, .75, 1 (the reference reports 0.18/0.32/0.39/0.44 for its sizes)."""
+  m = O.make_mapping(BASE["bert"], **HOW["width"])
+  grown = decoalesce(random_params(m.small, seed=15, std=0.1), m)
+  pre = random_params(m.large, seed=16, std=0.1)
+  base = logits_of(m.large, grown)
+  errs = [float(np.mean(np.abs(logits_of(m.large, O.interpolate(grown, pre, w_pre=w)) - base)))
+          for w in (0.0, 0.25, 0.5, 0.75, 1.0)]
+  assert errs[0] == 0.0
+  assert all(a < b for a, b in zip(errs, errs[1:])), errs
+
+
+def test_interpolate_rejects_mismatched_trees_and_bad_weights():
+  cfg = BASE["gpt"]
+  grown = random_params(cfg, seed=17)
+  other = flatten(random_params(cfg, seed=18))
+  wrong_shape = dict(other)
+  wrong_shape["layers/mlp/fc1/bias"] = jnp.zeros((4, 3))
+  with pytest.raises(ValueError, match="layers/mlp/fc1/bias"):
+    O.interpolate(grown, unflatten(wrong_shape), w_pre=0.5)
+  missing = dict(other)
+  del missing["ln_final/scale"]
+  with pytest.raises(ValueError, match="ln_final/scale"):
+    O.interpolate(grown, unflatten(missing), w_pre=0.5)
+  wrong_dtype = dict(other)
+  wrong_dtype["position"] = other["position"].astype(jnp.bfloat16)
+  with pytest.raises(ValueError, match="position"):
+    O.interpolate(grown, unflatten(wrong_dtype), w_pre=0.5)
+  with pytest.raises(ValueError, match="same model config"):
+    O.interpolate(grown, random_params(O.make_mapping(cfg).small), w_pre=0.5)
+  for w in (-0.1, 1.5, float("nan")):
+    with pytest.raises(ValueError, match=r"w_pre .*\[0, 1\]"):
+      O.interpolate(grown, unflatten(other), w_pre=w)
+
+
+# --------------------------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(width=[[0, 2]]), r"heads scheme leaves large indices \[1, 3\] unassigned"),  # Does not cover all heads.
+    (dict(width=[[0, 2], [1, 3], []]), "non-empty"),
+    (dict(width=[[0, 2], [1, 4]]), r"index 4, out of range.*4 heads"),
+    (dict(width=[[0, 2], [2, 3]]), "heads scheme uses large index 2 twice"),
+    (dict(width=[0, 1, 2, 3]), "must be a non-empty list"),
+    (dict(width="0123"), "list of lists"),
+    (dict(width=[[0, 1.0], [2, 3]]), "not an integer"),
+    (dict(depth=[[0, 1, 2]]), r"layers scheme leaves large indices \[3\] unassigned"),
+    (dict(depth=[[0, 1], [1, 2, 3]]), "layers scheme uses large index 1 twice"),
+    (dict(depth=[[0, 1], [2, 5]]), "out of range"),
+    (dict(width_factor=3), "4 heads by a width factor of 3: the factor must divide"),
+    (dict(depth_factor=3), "4 layers by a depth factor of 3: the factor must divide"),
+    (dict(width_factor=0), "must divide"),
+    (dict(depth_mode="middle"), "depth_mode must be one of"),
+    (dict(embed_factor=0.0), "embed_factor must be positive"),
+])
+def test_bad_schemes_raise_clear_errors(kw, match):
+  with pytest.raises(ValueError, match=match):
+    O.make_mapping(BASE["gpt"], **kw)
+
+
+def test_preln_exact_is_rejected_for_post_ln_bert():
+  with pytest.raises(ValueError, match="preln_exact.*post-LN"):
+    O.make_mapping(BASE["bert"], preln_exact=True)
+  with pytest.raises(TypeError, match="ModelConfig"):
+    O.make_mapping({"family": "gpt"})
+
+
+def test_trees_that_do_not_match_the_config_are_rejected():
+  m = O.make_mapping(BASE["gpt"])
+  large = flatten(random_params(m.large, seed=19))
+  missing = dict(large)
+  del missing["layers/attn/query/bias"]
+  with pytest.raises(ValueError, match="only in a gpt model.*layers/attn/query/bias"):
+    O.coalesce(unflatten(missing), m)
+  extra = dict(large)
+  extra["layers/attn/extra"] = jnp.zeros((4, 2))
+  with pytest.raises(ValueError, match="only in the tree to coalesce.*layers/attn/extra"):
+    O.coalesce(unflatten(extra), m)
+  wrong = dict(large)
+  wrong["word/embedding"] = jnp.zeros((128, 32))
+  with pytest.raises(ValueError, match=r"'word/embedding' has shape \(128, 32\) in the tree to coalesce but "
+                                       r"\(128, 64\)"):
+    O.coalesce(unflatten(wrong), m)
+  # A large tree handed to decoalesce (or a small one to coalesce) names the first parameter whose shape is off.
+  with pytest.raises(ValueError, match="Parameter 'layers/.*' has shape .* in the tree to de-coalesce"):
+    O.decoalesce(unflatten(large), m)
+  with pytest.raises(ValueError, match="tree to coalesce"):
+    O.coalesce(random_params(m.small), m)
+  with pytest.raises(ValueError, match="tree to coalesce"):  # Another family's tree.
+    O.coalesce(random_params(BASE["bert"]), m)
+  with pytest.raises(TypeError, match="parameter tree"):
+    O.coalesce([1, 2], m)
+
