@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
-from absl import logging
 
 
 class CheckpointError(RuntimeError):

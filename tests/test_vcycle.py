@@ -6,7 +6,9 @@ import os
 
 import pytest
 
+from multilevel.cycles import build_plan
 from multilevel.cycles.driver import train_and_evaluate
+from multilevel.models import ModelConfig
 from multilevel.train import train_flops_per_step
 from tests.engine_util import read_jsonl, tiny_config
 
@@ -25,10 +27,13 @@ def test_vcycle_end_to_end(tmp_path, family, levels):
   assert len(s["per_stage"]) == 2 * levels - 1
   assert s["steps"] == sum(p["steps"] for p in s["per_stage"])
   # FLOPs are the analytic per-step cost of each stage's model, summed.
-  from multilevel.cycles import build_plan
-  from multilevel.cycles.run_config import model_config
-  for p in s["per_stage"]:
-    assert p["flops"] > 0 and p["train_seconds"] > 0
+  with open(os.path.join(tmp_path, "run.json")) as f:
+    model = ModelConfig.from_dict(json.load(f)["config"]["model"])
+  plan = build_plan(model, c.cycle, c.train)
+  for p, stage in zip(s["per_stage"], plan.stages):
+    assert p["steps"] == stage.steps and p["train_seconds"] > 0
+    assert p["flops"] == pytest.approx(stage.steps * train_flops_per_step(plan.levels[stage.level],
+                                                                          c.train.batch_size))
   assert s["total_flops"] == pytest.approx(sum(p["flops"] for p in s["per_stage"]))
   assert math.isfinite(s["final_eval_loss"])
   first_eval = next(r["eval_loss"] for r in recs if "eval_loss" in r)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -275,7 +274,6 @@ class Runner:
       return g, i, m
 
     def pause():
-      nonlocal t0
       jax.block_until_ready(state.params)
       dt = time.perf_counter() - t0
       pos["train_seconds"] += dt
