@@ -187,9 +187,9 @@ def main(argv):
     from multilevel.cycles.run_config import model_config
     n_params = M.num_params(M.abstract_params(model_config(cfg, None).replace(
         vocab_size=int(cfg.data.vocab_size))))
-    per_example = cfg.model.max_len if family != "deit" else 1
-    entry = {"steps": steps, "params": n_params,
-             "tokens_per_param": steps * cfg.train.batch_size * per_example / n_params if family != "deit" else None,
+    per_example = cfg.model.max_len if family != "deit" else (cfg.model.image_size // cfg.model.patch_size) ** 2 + 1
+    entry = {"steps": steps, "params": n_params,  # Tokens: text positions, or patches + CLS for DeiT.
+             "tokens_per_param": steps * cfg.train.batch_size * per_example / n_params,
              "scratch": {k: scratch["summary"][k] for k in ("final_eval_loss", "total_flops", "train_seconds")},
              "scratch_curve": [[f, s, l] for f, s, l in curve(scratch["records"])],
              "variants": {}}
