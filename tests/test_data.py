@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from multilevel.data import DataInfo, default_config, make_data  # noqa: E402
+from tests.data_util import assert_same_batches, take  # noqa: E402
 from multilevel.data import pipeline  # noqa: E402
 
 WORDS = ('the king queen crown sword night day love death fair sweet lord lady speak hear heart '
@@ -34,16 +35,6 @@ def _cfg(tmp_path, **kw):
   return cfg
 
 
-def _take(it, n):
-  return [next(it) for _ in range(n)]
-
-
-def _same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
 
 
 @pytest.fixture(scope='module')
@@ -71,8 +62,8 @@ def _toy_iterator(seed=0, prefetch=2, process_index=0, process_count=1, n=50, ba
 
 def test_pipeline_deterministic_and_reshuffled_each_epoch():
   a, b, c = _toy_iterator(0), _toy_iterator(0, prefetch=0), _toy_iterator(1)
-  xa, xb, xc = _take(a, 12), _take(b, 12), _take(c, 12)
-  _same(xa, xb)
+  xa, xb, xc = take(a, 12), take(b, 12), take(c, 12)
+  assert_same_batches(xa, xb)
   assert not np.array_equal(xa[0]['x'], xc[0]['x'])
   # 50 // 8 = 6 steps per epoch; epoch 1 is another permutation; nothing repeats within an epoch.
   e0 = np.concatenate([x['x'][:, 0] for x in xa[:6]])
@@ -85,22 +76,22 @@ def test_pipeline_deterministic_and_reshuffled_each_epoch():
 @pytest.mark.parametrize('k', [1, 5, 6, 9])
 def test_pipeline_resume(k):
   it = _toy_iterator()
-  _take(it, k)
+  take(it, k)
   state = json.loads(json.dumps(it.get_state()))
-  expected = _take(it, 4)
+  expected = take(it, 4)
   restored = _toy_iterator()
   restored.set_state(state)
-  _same(_take(restored, 4), expected)
+  assert_same_batches(take(restored, 4), expected)
   # set_state on a running iterator rewinds too.
   it.set_state(state)
-  _same(_take(it, 4), expected)
+  assert_same_batches(take(it, 4), expected)
   it.close()
   restored.close()
 
 
 def test_pipeline_host_split_matches_global_batch():
-  whole = _take(_toy_iterator(prefetch=0), 7)
-  hosts = [_take(_toy_iterator(process_index=i, process_count=2), 7) for i in range(2)]
+  whole = take(_toy_iterator(prefetch=0), 7)
+  hosts = [take(_toy_iterator(process_index=i, process_count=2), 7) for i in range(2)]
   for step in range(7):
     for key in ('x', 'noise'):
       np.testing.assert_array_equal(
@@ -158,21 +149,21 @@ def test_parquet_text_offline(parquet_files, tmp_path):
   assert (info.pad_id, info.eos_id, info.mask_id) == (0, 1, 2)
   assert info.vocab_size <= 300 and os.path.exists(info.tokenizer_path)
   assert 'parquet' in info.description and info.num_train_examples > 100
-  batches = _take(train, 3)
+  batches = take(train, 3)
   for b in batches:
     assert b['tokens'].shape == (4, 16) and b['tokens'].dtype == np.int32
     assert b['tokens'].min() >= 0 and b['tokens'].max() < info.vocab_size
-  tokens = np.concatenate([b['tokens'].ravel() for b in _take(train, 40)])
+  tokens = np.concatenate([b['tokens'].ravel() for b in take(train, 40)])
   assert (tokens == info.eos_id).sum() > 0  # documents are separated by <eos>
   ev1, ev2 = list(evaluation()), list(evaluation())
   assert len(ev1) == 3
-  _same(ev1, ev2)
+  assert_same_batches(ev1, ev2)
   train.close()
   # Same config and seed again (now from the caches): the same batches.
   train2, _, info2 = make_data(cfg, kind='text', batch_size=4, seq_len=16, seed=3,
                                process_index=0, process_count=1)
   assert info2 == info
-  _same(_take(train2, 3), batches)
+  assert_same_batches(take(train2, 3), batches)
   train2.close()
 
 
@@ -181,21 +172,21 @@ def test_text_resume_through_make_data(parquet_files, tmp_path):
   kw = dict(kind='text', batch_size=8, seq_len=16, seed=5, process_index=0, process_count=1)
   train, _, info = make_data(cfg, **kw)
   steps = info.num_train_examples // 8
-  _take(train, steps - 2)  # the next batches cross an epoch boundary
+  take(train, steps - 2)  # the next batches cross an epoch boundary
   state = json.loads(json.dumps(train.get_state()))
-  expected = _take(train, 5)
+  expected = take(train, 5)
   train.close()
   restored, _, _ = make_data(cfg, **kw)
   restored.set_state(state)
-  _same(_take(restored, 5), expected)
+  assert_same_batches(take(restored, 5), expected)
   restored.close()
 
 
 def test_text_host_split(parquet_files, tmp_path):
   cfg = _cfg(tmp_path, files=parquet_files, prefetch=0)
   kw = dict(kind='text', batch_size=8, seq_len=16, seed=1)
-  whole = _take(make_data(cfg, **kw, process_index=0, process_count=1)[0], 2)
-  parts = [_take(make_data(cfg, **kw, process_index=i, process_count=2)[0], 2) for i in range(2)]
+  whole = take(make_data(cfg, **kw, process_index=0, process_count=1)[0], 2)
+  parts = [take(make_data(cfg, **kw, process_index=i, process_count=2)[0], 2) for i in range(2)]
   for step in range(2):
     assert parts[0][step]['tokens'].shape == (4, 16)
     np.testing.assert_array_equal(

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from multilevel.data import augment, default_config, images, make_data  # noqa: E402
+from tests.data_util import assert_same_batches, take  # noqa: E402
 
 ONE_HOST = dict(process_index=0, process_count=1)
 
@@ -24,15 +25,6 @@ def _cfg(tmp_path, **kw):
   return cfg
 
 
-def _take(it, n):
-  return [next(it) for _ in range(n)]
-
-
-def _same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
 
 
 # ------------------------------------------------------------ default sets
@@ -140,13 +132,13 @@ def test_tfds_array_record_data_source(tfds_dir, tmp_path):
   batch = next(train)
   assert batch['image'].shape == (8, 12, 12, 1) and batch['label'].dtype == np.int32
   assert len(list(evaluation())) == 1  # 12 // 8, last partial batch dropped
-  _take(train, 6)  # 5 steps per epoch: now mid-epoch 1
+  take(train, 6)  # 5 steps per epoch: now mid-epoch 1
   state = json.loads(json.dumps(train.get_state()))
-  expected = _take(train, 3)
+  expected = take(train, 3)
   train.close()
   restored, _, _ = make_data(cfg, kind='images', batch_size=8, image_size=12, seed=2, **ONE_HOST)
   restored.set_state(state)
-  _same(_take(restored, 3), expected)
+  assert_same_batches(take(restored, 3), expected)
   restored.close()
 
 
@@ -185,13 +177,13 @@ def test_image_folder_and_host_split(image_folder, tmp_path):
   assert info.num_classes == 2 and info.image_shape == (10, 10, 3)
   assert info.num_train_examples == 16 and info.num_eval_examples == 4
   assert 'augment=strong' in info.description
-  whole = _take(train, 5)
-  parts = [_take(make_data(cfg, **kw, process_index=i, process_count=2)[0], 5) for i in range(2)]
+  whole = take(train, 5)
+  parts = [take(make_data(cfg, **kw, process_index=i, process_count=2)[0], 5) for i in range(2)]
   for step in range(5):
     for key in ('image', 'label'):
       np.testing.assert_array_equal(
           np.concatenate([parts[0][step][key], parts[1][step][key]]), whole[step][key])
-  _same(list(evaluation()), list(evaluation()))
+  assert_same_batches(list(evaluation()), list(evaluation()))
 
 
 def test_image_errors(tmp_path):
