@@ -152,10 +152,6 @@ class LevelMap:
     return GroupMap.from_groups(self.layers, self.large.num_layers)
 
   @property
-  def changes_width(self) -> bool:
-    return len(self.heads) != self.large.num_heads or any(len(g) != 1 for g in self.heads)
-
-  @property
   def changes_depth(self) -> bool:
     return len(self.layers) != self.large.num_layers
 

@@ -1,0 +1,60 @@
+"""Starting a run from a Hugging Face checkpoint (config.init_from), and the config protocols."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import bert, deit, gpt
+from multilevel.cycles.driver import Runner
+from multilevel.interop import save_hf
+from tests.engine_util import tiny_config
+
+
+@pytest.fixture(scope="module")
+def runner_and_dir(tmp_path_factory):
+  base = tmp_path_factory.mktemp("init")
+  runner = Runner(tiny_config("gpt", levels=1), str(base / "probe"))
+  yield runner, base
+  runner.train_iter.close()
+
+
+def test_init_from_loads_the_checkpoint_exactly(runner_and_dir):
+  runner, base = runner_and_dir
+  target = runner.plan.levels[0]
+  params = jax.tree.map(lambda x: x + 0.01, runner.initial_params())  # Not the random init.
+  save_hf(target, params, str(base / "hf"))
+  runner.config.unlock()
+  runner.config.init_from = str(base / "hf")
+  try:
+    loaded = runner.initial_params()
+  finally:
+    runner.config.init_from = ""
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_init_from_a_checkpoint_of_another_shape_is_refused(runner_and_dir):
+  runner, base = runner_and_dir
+  other = runner.plan.levels[0].replace(num_layers=3)
+  from multilevel import models as M
+  save_hf(other, M.init_params(other, 0), str(base / "other"))
+  runner.config.unlock()
+  runner.config.init_from = str(base / "other")
+  try:
+    with pytest.raises(ValueError, match="must match the imported checkpoint"):
+      runner.initial_params()
+  finally:
+    runner.config.init_from = ""
+
+
+@pytest.mark.parametrize("module", [gpt, bert, deit])
+def test_reference_protocol_restores_the_paper_settings(module):
+  c = module.get_config("test,reference")
+  assert (c.cycle.transition_warmup_frac, c.cycle.depth_growth, c.cycle.preln_exact) == (0.0, "copy", False)
+  assert module.get_config("test").cycle.transition_warmup_frac == (0.0 if module is bert else 0.05)
+
+
+def test_unknown_protocol_or_size_is_refused():
+  with pytest.raises(ValueError, match="Unknown protocol"):
+    gpt.get_config("test,fast")
+  with pytest.raises(ValueError, match="Unknown gpt size"):
+    gpt.get_config("huge")
