@@ -319,6 +319,7 @@ class Runner:
         window.clear()
         if due_eval:
           ev = self.evaluate(eval_fn, state.params)
+          self._last_eval = (pos["global_step"], ev)
           rec.update(ev if cfg.family == "deit" else {"eval_loss": ev["eval_loss"]})
           if done:
             rec["event"] = "end_of_stage"
@@ -335,8 +336,10 @@ class Runner:
   def finish(self, state: TrainState, pos: dict) -> dict:
     self.ckpt.wait()
     last = self.plan.stages[-1]
-    _, _, eval_fn = self.steps_for(last)
-    ev = self.evaluate(eval_fn, state.params)
+    step, ev = getattr(self, "_last_eval", (None, None))
+    if step != pos["global_step"]:  # Not evaluated at the end of training in this process (e.g. a finished run).
+      _, _, eval_fn = self.steps_for(last)
+      ev = self.evaluate(eval_fn, state.params)
     per_stage = []
     for st, rec in zip(self.plan.stages, pos["per_stage"]):
       c = self.plan.levels[st.level]
