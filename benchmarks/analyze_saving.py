@@ -52,7 +52,8 @@ def merge(paths):
       cf = frontier_cost(flops_pts, v["final_eval_loss"])
       cs = frontier_cost(secs_pts, v["final_eval_loss"])
       v["frontier_flops_saving"] = None if cf is None else 1 - v["total_flops"] / cf
-      v["frontier_seconds_saving"] = None if cs is None else 1 - v["train_seconds"] / cs
+      # "seconds" (steps + level-change operators) where recorded; older results have only train_seconds.
+      v["frontier_seconds_saving"] = None if cs is None else 1 - v.get("seconds", v["train_seconds"]) / cs
   return dict(meta, budgets=budgets)
 
 
@@ -98,7 +99,8 @@ def plot(d, path, workroot):
         w = os.path.join(workroot, f"{fam}-{b['steps']}-{name}")
         if not os.path.exists(os.path.join(w, "metrics.jsonl")):
           continue
-        pts = [(r["flops"], r["train_seconds"], r["eval_loss"]) for r in read_metrics(w)
+        pts = [(r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r["eval_loss"])
+               for r in read_metrics(w)
                if "eval_loss" in r and "flops" in r and r["level"] == 0]
         if pts:
           f, s, l = zip(*pts)

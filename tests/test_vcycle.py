@@ -35,6 +35,8 @@ def test_vcycle_end_to_end(tmp_path, family, levels):
     assert p["flops"] == pytest.approx(stage.steps * train_flops_per_step(plan.levels[stage.level],
                                                                           c.train.batch_size))
   assert s["total_flops"] == pytest.approx(sum(p["flops"] for p in s["per_stage"]))
+  # Level changes cost wall-clock too: timed separately, and none for plain training.
+  assert (s["transition_seconds"] > 0) == (levels > 1) and s["transition_seconds"] >= 0
   assert math.isfinite(s["final_eval_loss"])
   first_eval = next(r["eval_loss"] for r in recs if "eval_loss" in r)
   assert s["final_eval_loss"] < first_eval + 0.05  # It learned (or at least did not diverge) on 40-odd steps.

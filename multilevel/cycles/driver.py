@@ -145,7 +145,7 @@ class Runner:
     self.writer.truncate(int(meta["metrics_count"]))
     snaps = {int(k): v for k, v in tree["snapshots"].items()}
     pos = {k: meta[k] for k in ("stage", "stage_step", "global_step", "flops", "train_seconds", "examples",
-                                "per_stage", "snapshots", "compile_seconds") if k in meta}
+                                "per_stage", "snapshots", "compile_seconds", "transition_seconds") if k in meta}
     pos["save_id"] = latest + 1
     logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos["stage"],
                  pos["stage_step"], pos["global_step"])
@@ -183,33 +183,50 @@ class Runner:
 
   # ---- transitions -------------------------------------------------------------------------------------------
 
+  def _op(self, fn, tree, m, pos: dict, **kw):
+    """Runs a jitted operator with its compilation timed as compile seconds and its run as transition seconds."""
+    tc0 = time.perf_counter()
+    compiled = fn.lower(tree, m, **kw).compile()
+    t0 = time.perf_counter()
+    pos["compile_seconds"] = pos.get("compile_seconds", 0.0) + t0 - tc0
+    out = jax.block_until_ready(compiled(tree))
+    pos["transition_seconds"] = pos.get("transition_seconds", 0.0) + time.perf_counter() - t0
+    return out
+
+  def _timed(self, pos: dict, fn, *args):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    pos["transition_seconds"] = pos.get("transition_seconds", 0.0) + time.perf_counter() - t0
+    return out
+
   def transition(self, state: TrainState, snaps: dict, src: Stage, dst: Stage, pos: dict) -> TrainState:
+    """Moves the state to ``dst``'s level. The operators' run time (not their compilation, not the evaluations)
+    is counted as ``transition_seconds``, part of the run's wall-clock cost next to ``train_seconds``."""
     plan, tc = self.plan, self.config.train
     tx, _, eval_fn = self.steps_for(dst)
     g = pos["global_step"]
     if dst.enter == "coalesce":
       m = plan.maps[src.level]
       snaps[src.level] = state.params  # The interpolation partner of the way back up: this level, right now.
-      params = _coalesce(state.params, m)
-      opt_map = lambda t: _coalesce(t, m, check=False)
-      params = jax.device_put(params, self.rep)
+      params = self._timed(pos, jax.device_put, self._op(_coalesce, state.params, m, pos), self.rep)
+      opt_map = lambda t: self._op(_coalesce, t, m, pos, check=False)
       self.log_eval(eval_fn, params, dst, g, "after_coalesce")
     elif dst.enter == "grow":
       m = plan.maps[dst.level]
-      grown = jax.device_put(_decoalesce(state.params, m), self.rep)
+      grown = self._timed(pos, jax.device_put, self._op(_decoalesce, state.params, m, pos), self.rep)
       self.log_eval(eval_fn, grown, dst, g, "after_decoalesce")
-      params = O.interpolate(grown, snaps.pop(dst.level), w_pre=plan.w_pre)
-      opt_map = lambda t: _decoalesce(t, m, check=False)
-      params = jax.device_put(params, self.rep)
+      params = self._timed(pos, lambda: jax.device_put(
+          O.interpolate(grown, snaps.pop(dst.level), w_pre=plan.w_pre), self.rep))
+      opt_map = lambda t: self._op(_decoalesce, t, m, pos, check=False)
       self.log_eval(eval_fn, params, dst, g, "after_interpolate")
     else:
       raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
     if plan.restart_control:  # Control run: throw the transferred weights away.
       params = jax.device_put(M.init_params(plan.levels[dst.level], int(tc.seed) + 1 + dst.index), self.rep)
       self.log_eval(eval_fn, params, dst, g, "after_restart_control")
-    opt_state = tx.init(params)
+    opt_state = self._timed(pos, tx.init, params)
     if plan.optimizer_policy == "carry":
-      opt_state = jax.device_put(carry_moments(state.opt_state, opt_state, opt_map), self.rep)
+      opt_state = self._timed(pos, jax.device_put, carry_moments(state.opt_state, opt_state, opt_map), self.rep)
     return TrainState(params, opt_state)
 
   def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str, extra: dict | None = None) -> dict:
@@ -315,7 +332,7 @@ class Runner:
         pause()
         rec = {"step": g1, "stage": stage.index, "level": stage.level, "lr": float(lr_fn(i)),
                "train_loss": float(np.mean(window)), "flops": pos["flops"], "train_seconds": pos["train_seconds"],
-               "examples": pos["examples"], "tokens": pos["examples"] * tokens_per or None}
+               "transition_seconds": pos.get("transition_seconds", 0.0), "examples": pos["examples"], "tokens": pos["examples"] * tokens_per or None}
         window.clear()
         if due_eval:
           ev = self.evaluate(eval_fn, state.params)
@@ -351,6 +368,7 @@ class Runner:
         "total_flops": pos["flops"],
         "train_seconds": pos["train_seconds"],
         "compile_seconds": pos.get("compile_seconds", 0.0),
+        "transition_seconds": pos.get("transition_seconds", 0.0),  # Operators at level changes (not compiles).
         "steps": pos["global_step"],
         "examples": pos["examples"],
         "levels": len(self.plan.levels),
