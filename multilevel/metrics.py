@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -17,7 +18,8 @@ class MetricsWriter:
   """Appends one JSON object per record to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 
   ``truncate(n)`` keeps the first ``n`` records: a resumed run drops what was logged after its checkpoint, so the
-  file reads as if the run had never stopped.
+  file reads as if the run had never stopped. TensorBoard's events files cannot be cut, so the events logged after
+  the last kept record's step are hidden instead (a purge step, which TensorBoard honours when it reads them).
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
@@ -25,13 +27,22 @@ class MetricsWriter:
     self.enabled = enabled
     self.count = 0
     self._tb = None
+    self._tb_dir = None
     if enabled and tensorboard:
       try:
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      except ImportError:  # Optional: the JSON lines are the record.
-        self._tb = None
+        import tensorboardX  # noqa: F401  (optional: the JSON lines are the record)
+        self._tb_dir = os.path.join(workdir, "tensorboard")
+      except ImportError:
+        pass
     self._f = open(self.path, "a", encoding="utf-8") if enabled else None
+
+  def _open_tb(self, purge_step: int | None = None) -> None:
+    from tensorboardX import SummaryWriter
+    if self._tb is not None:
+      self._tb.close()
+    # TensorBoard reads a directory's events files in name order; names carry only whole seconds, so a second
+    # writer within the same second would overwrite the first one's file without a suffix that orders them.
+    self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
 
   def truncate(self, n: int) -> None:
     if not self.enabled:
@@ -47,6 +58,9 @@ class MetricsWriter:
     os.replace(tmp, self.path)
     self._f = open(self.path, "a", encoding="utf-8")
     self.count = min(n, len(lines))
+    if self._tb_dir is not None:
+      steps = [int(json.loads(ln).get("step", 0)) for ln in lines[:n]]
+      self._open_tb(purge_step=max(steps) + 1 if steps else 0)
 
   def write(self, record: dict[str, Any]) -> None:
     if not self.enabled:
@@ -54,7 +68,9 @@ class MetricsWriter:
     record = {k: _plain(v) for k, v in record.items() if v is not None}
     self._f.write(json.dumps(record) + "\n")
     self.count += 1
-    if self._tb is not None:
+    if self._tb_dir is not None:
+      if self._tb is None:
+        self._open_tb()
       step = int(record.get("step", 0))
       for k, v in record.items():
         if isinstance(v, (int, float)) and k != "step":

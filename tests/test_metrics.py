@@ -1,0 +1,54 @@
+"""The run's record: metrics.jsonl cut back on resume, TensorBoard events hidden past the same point."""
+
+import glob
+import os
+import struct
+
+from multilevel.metrics import MetricsWriter, read_metrics
+
+
+def _events(logdir):
+  """Every event of every events file under ``logdir``, in TensorBoard's order (TFRecord framing, read by hand)."""
+  from tensorboardX.proto import event_pb2
+  out = []
+  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):  # TensorBoard's order: by name.
+    with open(path, "rb") as f:
+      data = f.read()
+    i = 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      ev = event_pb2.Event()
+      ev.ParseFromString(data[i + 12:i + 12 + n])
+      out.append(ev)
+      i += 12 + n + 4
+  return out
+
+
+def _visible(events, tag):
+  """What TensorBoard shows for ``tag``: a session START at step s hides the earlier points at steps >= s."""
+  points = []
+  for ev in events:
+    if ev.HasField("session_log") and ev.session_log.status == ev.session_log.START:
+      points = [p for p in points if p[0] < ev.step]
+    for v in ev.summary.value:
+      if v.tag == tag:
+        points.append((ev.step, round(v.simple_value, 4)))
+  return points
+
+
+def test_resume_cuts_jsonl_and_hides_tensorboard_events_after_the_checkpoint(tmp_path):
+  w = MetricsWriter(str(tmp_path))
+  w.truncate(0)
+  for step in range(1, 11):
+    w.write({"step": step, "train_loss": float(step)})
+  w.close()
+  # Resume from a checkpoint taken after the fifth record: steps 6.. are logged again, with other values.
+  w = MetricsWriter(str(tmp_path))
+  w.truncate(5)
+  assert w.count == 5
+  for step in range(6, 9):
+    w.write({"step": step, "train_loss": step + 0.5})
+  w.close()
+  assert [r["train_loss"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4, 5, 6.5, 7.5, 8.5]
+  shown = _visible(_events(os.path.join(tmp_path, "tensorboard")), "train_loss")
+  assert shown == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 6.5), (7, 7.5), (8, 8.5)]
