@@ -91,6 +91,25 @@ def test_bad_schemes_raise_clear_errors(kw, match):
     O.make_mapping(BASE["gpt"], **kw)
 
 
+def test_preln_exact_needs_equal_width_groups():
+  with pytest.raises(ValueError, match=r"same number of large heads.*sizes \[1, 3\]"):
+    O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]], preln_exact=True)
+  m = O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]])  # Well defined without the exact option.
+  assert m.small.num_heads == 2
+
+
+def test_chain_takes_one_explicit_scheme_per_transition():
+  m1, m2 = O.make_chain(BASE["gpt"], 3, widths=[[[0, 1], [2, 3]], None], depths=[None, [[0, 1]]])
+  assert m1.heads == ((0, 1), (2, 3)) and m2.heads == ((0, 1),)  # None: the default halving of 2 heads.
+  assert m1.layers == ((0, 1), (2, 3)) and m2.layers == ((0, 1),)
+  assert m2.small.num_heads == 1 and m2.small.num_layers == 1
+  with pytest.raises(ValueError, match="one explicit width scheme for 2 transitions.*widths="):
+    O.make_chain(BASE["gpt"], 3, width=[[0, 1], [2, 3]])
+  with pytest.raises(ValueError, match="one scheme per transition: 2 for 3 levels, got 1"):
+    O.make_chain(BASE["gpt"], 3, depths=[[[0, 1], [2, 3]]])
+  assert O.make_chain(BASE["gpt"], 2, width=[[0, 2], [1, 3]])[0].heads == ((0, 2), (1, 3))
+
+
 def test_preln_exact_is_rejected_for_post_ln_bert():
   with pytest.raises(ValueError, match="preln_exact.*post-LN"):
     O.make_mapping(BASE["bert"], preln_exact=True)

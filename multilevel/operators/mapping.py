@@ -178,6 +178,11 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
   if preln_exact and not FAMILY[large.family].pre_ln:
     raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit); {large.family} is post-LN and its width "
                      f"growth is already function-preserving. Leave preln_exact=False.")
+  if preln_exact and len({len(g) for g in heads}) > 1:
+    raise ValueError(f"preln_exact keeps the function only when every small head merges the same number of large "
+                     f"heads (LayerNorm averages over the duplicated units); the width scheme "
+                     f"{[list(g) for g in heads]} has groups of sizes {sorted({len(g) for g in heads})}. Use equal "
+                     f"groups, or preln_exact=False.")
   if embed_factor is not None and not embed_factor > 0:
     raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
   if depth_growth not in DEPTH_GROWTH:
@@ -187,10 +192,28 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
                   bool(preln_exact), depth_growth)
 
 
-def make_chain(large: ModelConfig, levels: int, **kw) -> list[LevelMap]:
-  """``levels - 1`` maps, each halving (by default) the previous small model: a multi-level hierarchy."""
+def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **kw) -> list[LevelMap]:
+  """``levels - 1`` maps, each shrinking the previous small model: a multi-level hierarchy.
+
+  ``widths``/``depths`` give one explicit scheme per transition (``None`` entries use the default halving), each in
+  the indices of that transition's large model; other keywords go to every ``make_mapping`` call.
+  """
+  for one, many in (("width", "widths"), ("depth", "depths")):
+    if kw.get(one) is not None and levels > 2:
+      raise ValueError(f"make_chain got one explicit {one} scheme for {levels - 1} transitions; a scheme indexes one "
+                       f"level's model only. Pass {many}=[scheme per transition] (None for the default).")
+  n = levels - 1
+  for name, seq in (("widths", widths), ("depths", depths)):
+    if seq is not None and len(seq) != n:
+      raise ValueError(f"make_chain({name}=...) needs one scheme per transition: {n} for {levels} levels, "
+                       f"got {len(seq)}.")
   maps, cfg = [], large
-  for _ in range(levels - 1):
-    maps.append(make_mapping(cfg, **kw))
+  for i in range(n):
+    extra = dict(kw)
+    if widths is not None:
+      extra["width"] = widths[i]
+    if depths is not None:
+      extra["depth"] = depths[i]
+    maps.append(make_mapping(cfg, **extra))
     cfg = maps[-1].small
   return maps
