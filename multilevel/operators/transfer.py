@@ -48,7 +48,23 @@ def _axis_rules(m: LevelMap, role: str) -> tuple[GroupMap, np.ndarray | None]:
   raise ValueError(f"Unknown axis role {role!r}.")
 
 
-def _segment_sum(x, g: np.ndarray, n: int, axis: int):
+def _members(gm: GroupMap) -> np.ndarray | None:
+  """(n_small, k) large indices of each group, in index order, when every group has the same size k; else None."""
+  if len(set(gm.counts.tolist())) != 1:
+    return None
+  return np.argsort(gm.g, kind="stable").reshape(gm.n_small, int(gm.counts[0]))
+
+
+def _segment_sum(x, g: np.ndarray, n: int, axis: int, members: np.ndarray | None = None):
+  """Sums along ``axis`` the entries that ``g`` sends to the same small unit.
+
+  Equal groups (``members`` given) are gathered into a new axis of size k and reduced, several times faster on CPU
+  than XLA's scatter-add; unequal groups fall back to ``segment_sum``.
+  """
+  if members is not None:
+    y = jnp.take(x, jnp.asarray(members.reshape(-1)), axis=axis)
+    y = y.reshape(x.shape[:axis] + members.shape + x.shape[axis + 1:])
+    return jnp.sum(y, axis=axis + 1)
   moved = jnp.moveaxis(x, axis, 0)
   return jnp.moveaxis(jax.ops.segment_sum(moved, jnp.asarray(g), num_segments=n, indices_are_sorted=False), 0, axis)
 
@@ -64,7 +80,7 @@ def _coalesce_axis(x, axis: int, gm: GroupMap, scale):
     return x  # Identity map on this axis.
   dt = x.dtype
   anchor = jnp.take(x, jnp.asarray(gm.first[gm.g]), axis=axis)
-  diffs = _segment_sum(x - anchor, gm.g, gm.n_small, axis)
+  diffs = _segment_sum(x - anchor, gm.g, gm.n_small, axis, _members(gm))
   mean = jnp.take(x, jnp.asarray(gm.first), axis=axis) + diffs / _bshape(gm.counts.astype(dt), x.ndim, axis)
   if scale is not None:
     mean = mean * _bshape(np.asarray(scale, dt), x.ndim, axis)
@@ -85,7 +101,7 @@ def _depth_residual_coalesce(x, axis: int, gm: GroupMap, mode: str):
   """Layers merged for a residual-branch output under ``depth_growth`` 'scaled' (n * mean) or 'zero' (sum)."""
   if mode == "scaled":
     return _coalesce_axis(x, axis, gm, gm.counts)
-  return _segment_sum(x, gm.g, gm.n_small, axis).astype(x.dtype)
+  return _segment_sum(x, gm.g, gm.n_small, axis, _members(gm)).astype(x.dtype)
 
 
 def _depth_residual_decoalesce(x, axis: int, gm: GroupMap, mode: str):
