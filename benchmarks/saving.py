@@ -42,6 +42,9 @@ VARIANTS = {
     "depth_zero_lr1": {**_ZERO, "cycle.lr_scales": (1.0, 1.0, 1.0)},
     "depth_zero_d20": {**_ZERO, "cycle.down_fracs": (0.2, 0.2, 0.2)},  # Longer first big stage (5% -> 20%).
     "depth_zero_d0": {**_ZERO, "cycle.down_fracs": (0.01, 0.01, 0.01)},  # Coalesce almost at once.
+    # Function-preserving symmetry breaking instead of (or with) interpolation: operators.split_noise.
+    "depth_zero_split": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1},
+    "depth_zero_split5": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.5},
     "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0)},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},

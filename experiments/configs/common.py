@@ -51,6 +51,7 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   v.up_fracs = (0.5, 0.25, 0.25)  # Steps at each level after growing back (level 0 = the final stage).
   v.lr_scales = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
   v.w_pre = 0.5  # Interpolation weight of the pre-coalescing model.
+  v.split_noise = 0.0  # >0: zero-sum noise on the grown copies' read side (keeps the function, breaks symmetry).
   v.optimizer_policy = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
   v.transition_warmup_frac = 0.05  # Linear warm-up after each transition, as a fraction of the stage (ref.: 0).
   v.final_schedule = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)

@@ -42,6 +42,7 @@ def _fault(point: str) -> None:
 # The operators compiled once per level map: eagerly they would compile hundreds of small programs per shape.
 _coalesce = jax.jit(O.coalesce, static_argnums=1, static_argnames="check")
 _decoalesce = jax.jit(O.decoalesce, static_argnums=1, static_argnames="check")
+_split_noise = jax.jit(O.split_noise, static_argnums=1, static_argnames=("scale", "seed", "check"))
 
 
 class Evaluator:
@@ -213,7 +214,11 @@ class Runner:
       self.log_eval(eval_fn, params, dst, g, "after_coalesce")
     elif dst.enter == "grow":
       m = plan.maps[dst.level]
-      grown = self._timed(pos, jax.device_put, self._op(_decoalesce, state.params, m, pos), self.rep)
+      grown = self._op(_decoalesce, state.params, m, pos)
+      if plan.split_noise:
+        grown = self._op(_split_noise, grown, m, pos, scale=plan.split_noise,
+                         seed=int(tc.seed) + 1000 + dst.index)
+      grown = self._timed(pos, jax.device_put, grown, self.rep)
       self.log_eval(eval_fn, grown, dst, g, "after_decoalesce")
       params = self._timed(pos, lambda: jax.device_put(
           O.interpolate(grown, snaps.pop(dst.level), w_pre=plan.w_pre), self.rep))

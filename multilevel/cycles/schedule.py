@@ -51,6 +51,7 @@ class Plan:
   w_pre: float
   optimizer_policy: str
   restart_control: bool
+  split_noise: float = 0.0  # Function-preserving symmetry breaking after growth (operators.split_noise); 0 = off.
 
   @property
   def total_steps(self) -> int:
@@ -104,6 +105,10 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
     raise ValueError(f"cycle.final_schedule must be one of {FINAL_SCHEDULES}, got {cycle.final_schedule!r}.")
   if not 0.0 <= float(cycle.w_pre) <= 1.0:
     raise ValueError(f"cycle.w_pre (weight of the pre-coalescing model) must be in [0, 1], got {cycle.w_pre}.")
+  split = float(cycle.get("split_noise", 0.0))
+  if not split >= 0.0:
+    raise ValueError(f"cycle.split_noise (relative noise that breaks the copies' symmetry after growth) must be "
+                     f">= 0, got {split}; 0 turns it off.")
   lr, decay = float(train.lr), train.decay
 
   if k == 1:
@@ -149,7 +154,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
       warm_base = round(float(train.warmup_frac) * total)
       peak = lr * min(1.0, n / max(total - warm_base, 1))
     stages.append(Stage(len(stages), lvl, "up", "grow", n, LrSchedule(peak, n, round(tw * n), decay)))
-  return Plan(levels, tuple(maps), tuple(stages), float(cycle.w_pre), policy, bool(cycle.restart_control))
+  return Plan(levels, tuple(maps), tuple(stages), float(cycle.w_pre), policy, bool(cycle.restart_control), split)
 
 
 def _positive(n: int, name: str) -> int:

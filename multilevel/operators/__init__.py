@@ -3,9 +3,10 @@
 from multilevel.operators.blend import interpolate
 from multilevel.operators.mapping import (DEPTH_MODES, GroupMap, LevelMap, default_depth_groups,
                                           default_width_groups, make_chain, make_mapping)
+from multilevel.operators.symmetry import split_noise
 from multilevel.operators.transfer import coalesce, decoalesce
 from multilevel.operators.tree import check_matches_config, check_same_structure, flatten, unflatten
 
-__all__ = ["coalesce", "decoalesce", "interpolate", "make_mapping", "make_chain", "LevelMap", "GroupMap",
+__all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "make_mapping", "make_chain", "LevelMap", "GroupMap",
            "DEPTH_MODES", "default_width_groups", "default_depth_groups", "check_matches_config",
            "check_same_structure", "flatten", "unflatten"]

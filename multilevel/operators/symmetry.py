@@ -1,0 +1,72 @@
+"""Breaking the symmetry of a grown model without changing its function.
+
+De-coalescing makes exact copies: every unit of a merged group (a head, a hidden or an FFN unit) carries the same
+value everywhere in the network, and units that are equal get equal gradients, so without help they stay copies
+forever and the grown model keeps the small model's capacity. The paper breaks the tie by interpolating with the
+model from before coalescing, which moves the function away from the small model's (measured here: +0.26 nats on GPT
+at 21 tokens per parameter, about 200 steps of training to win back).
+
+``split_noise`` breaks it without moving the function. Wherever copies are *read* (the input side of a kernel:
+``HIDDEN_IN``, ``HEADS_IN``, ``FFN_IN``), it adds to each copy's weights noise that sums to zero over the copies of
+the group, so ``sum_c (w/n + delta_c) x = w x`` for equal ``x_c = x``: the output is unchanged (up to rounding) and
+the copies' incoming gradients now differ. Units that were not merged (groups of one) get no noise; embeddings,
+LayerNorms and biases are left alone. Coalescing the result gives back the small model up to rounding, since the
+noise sums to zero inside every group.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from multilevel.models import axes as A
+from multilevel.operators.mapping import LevelMap
+from multilevel.operators.transfer import _axis_rules, _roles
+from multilevel.operators.tree import check_matches_config, flatten, unflatten
+
+READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
+
+
+def _center_in_groups(r, axis: int, g: np.ndarray, counts: np.ndarray):
+  """``r`` minus its mean over each group along ``axis``: sums to zero (up to rounding) within every group."""
+  moved = jnp.moveaxis(r, axis, 0)
+  sums = jax.ops.segment_sum(moved, jnp.asarray(g), num_segments=len(counts))
+  means = sums / jnp.asarray(counts, r.dtype).reshape((-1,) + (1,) * (moved.ndim - 1))
+  return jnp.moveaxis(moved - means[jnp.asarray(g)], 0, axis)
+
+
+def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True) -> dict:
+  """Adds zero-sum noise across the copies of every merged unit, on the read side of each kernel.
+
+  Args:
+    grown: parameters of ``mapping.large``, normally ``decoalesce(small, mapping)``.
+    mapping: the level map the tree was grown with.
+    scale: noise standard deviation relative to each parameter's own standard deviation (0 returns ``grown``).
+    seed: PRNG seed; each parameter draws from its own fold of the key.
+    check: require exactly the structure and shapes of a ``mapping.large`` model.
+
+  Returns a new tree. When the copies in ``grown`` are exact (a de-coalesced tree, before interpolation), the
+  model computes the same function up to fp32 rounding.
+  """
+  if not float(scale) >= 0.0:
+    raise ValueError(f"split_noise scale must be >= 0 (relative noise level), got {scale}.")
+  if check:
+    check_matches_config(grown, mapping.large, "the tree to break the symmetry of")
+  key = jax.random.PRNGKey(seed)
+  out = {}
+  for index, (name, x) in enumerate(sorted(flatten(grown).items())):
+    x = jnp.array(x)
+    roles = _roles(mapping, name, x.ndim)
+    axes = [i for i, r in enumerate(roles) if r in READ_SIDES]
+    maps = [_axis_rules(mapping, roles[i])[0] for i in axes]
+    merged = [(i, gm) for i, gm in zip(axes, maps) if int(gm.counts.max()) > 1]
+    if merged and scale:
+      r = jax.random.normal(jax.random.fold_in(key, index), x.shape, jnp.float32)
+      for axis, gm in merged:  # Centering along one axis keeps the zero sums along the others.
+        r = _center_in_groups(r, axis, gm.g, gm.counts)
+      x = (x + float(scale) * jnp.std(x.astype(jnp.float32)) * r).astype(x.dtype)
+    out[name] = x
+  return unflatten(out)
