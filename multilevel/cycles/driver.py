@@ -40,9 +40,6 @@ def _fault(point: str) -> None:
 
 
 # The operators compiled once per level map: eagerly they would compile hundreds of small programs per shape.
-_coalesce = jax.jit(O.coalesce, static_argnums=1, static_argnames="check")
-_decoalesce = jax.jit(O.decoalesce, static_argnums=1, static_argnames="check")
-_split_noise = jax.jit(O.split_noise, static_argnums=1, static_argnames=("scale", "seed", "check"))
 
 
 class Evaluator:
@@ -184,54 +181,51 @@ class Runner:
 
   # ---- transitions -------------------------------------------------------------------------------------------
 
-  def _op(self, fn, tree, m, pos: dict, **kw):
-    """Runs a jitted operator with its compilation timed as compile seconds and its run as transition seconds."""
+  def _run(self, pos: dict, fn, *args):
+    """``fn(*args)`` compiled ahead (counted as compile seconds), then run and placed on the mesh (counted as
+    transition seconds: the wall-clock a level change costs, next to the steps' train seconds)."""
     tc0 = time.perf_counter()
-    compiled = fn.lower(tree, m, **kw).compile()
+    compiled = jax.jit(fn).lower(*args).compile()
     t0 = time.perf_counter()
     pos["compile_seconds"] = pos.get("compile_seconds", 0.0) + t0 - tc0
-    out = jax.block_until_ready(compiled(tree))
-    pos["transition_seconds"] = pos.get("transition_seconds", 0.0) + time.perf_counter() - t0
-    return out
-
-  def _timed(self, pos: dict, fn, *args):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
+    out = jax.block_until_ready(jax.device_put(compiled(*args), self.rep))
     pos["transition_seconds"] = pos.get("transition_seconds", 0.0) + time.perf_counter() - t0
     return out
 
   def transition(self, state: TrainState, snaps: dict, src: Stage, dst: Stage, pos: dict) -> TrainState:
-    """Moves the state to ``dst``'s level. The operators' run time (not their compilation, not the evaluations)
-    is counted as ``transition_seconds``, part of the run's wall-clock cost next to ``train_seconds``."""
+    """Moves the state to ``dst``'s level: coalesce, or de-coalesce (+ split noise) and interpolate; a fresh or
+    carried optimizer state. Evaluations in between are logged as events and not timed."""
     plan, tc = self.plan, self.config.train
     tx, _, eval_fn = self.steps_for(dst)
     g = pos["global_step"]
     if dst.enter == "coalesce":
       m = plan.maps[src.level]
       snaps[src.level] = state.params  # The interpolation partner of the way back up: this level, right now.
-      params = self._timed(pos, jax.device_put, self._op(_coalesce, state.params, m, pos), self.rep)
-      opt_map = lambda t: self._op(_coalesce, t, m, pos, check=False)
+      params = self._run(pos, lambda t: O.coalesce(t, m), state.params)
+      opt_map = lambda t: O.coalesce(t, m, check=False)
       self.log_eval(eval_fn, params, dst, g, "after_coalesce")
     elif dst.enter == "grow":
       m = plan.maps[dst.level]
-      grown = self._op(_decoalesce, state.params, m, pos)
-      if plan.split_noise:
-        grown = self._op(_split_noise, grown, m, pos, scale=plan.split_noise,
-                         seed=int(tc.seed) + 1000 + dst.index)
-      grown = self._timed(pos, jax.device_put, grown, self.rep)
+      noise, seed = plan.split_noise, int(tc.seed) + 1000 + dst.index
+
+      def grow(t):
+        grown = O.decoalesce(t, m)
+        return O.split_noise(grown, m, scale=noise, seed=seed) if noise else grown
+
+      grown = self._run(pos, grow, state.params)
       self.log_eval(eval_fn, grown, dst, g, "after_decoalesce")
-      params = self._timed(pos, lambda: jax.device_put(
-          O.interpolate(grown, snaps.pop(dst.level), w_pre=plan.w_pre), self.rep))
-      opt_map = lambda t: self._op(_decoalesce, t, m, pos, check=False)
+      params = self._run(pos, lambda a, b: O.interpolate(a, b, w_pre=plan.w_pre), grown, snaps.pop(dst.level))
+      opt_map = lambda t: O.decoalesce(t, m, check=False)
       self.log_eval(eval_fn, params, dst, g, "after_interpolate")
     else:
       raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
     if plan.restart_control:  # Control run: throw the transferred weights away.
       params = jax.device_put(M.init_params(plan.levels[dst.level], int(tc.seed) + 1 + dst.index), self.rep)
       self.log_eval(eval_fn, params, dst, g, "after_restart_control")
-    opt_state = self._timed(pos, tx.init, params)
     if plan.optimizer_policy == "carry":
-      opt_state = self._timed(pos, jax.device_put, carry_moments(state.opt_state, opt_state, opt_map), self.rep)
+      opt_state = self._run(pos, lambda old, p: carry_moments(old, tx.init(p), opt_map), state.opt_state, params)
+    else:
+      opt_state = self._run(pos, tx.init, params)
     return TrainState(params, opt_state)
 
   def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str, extra: dict | None = None) -> dict:
