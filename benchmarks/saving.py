@@ -45,6 +45,10 @@ VARIANTS = {
     # Function-preserving symmetry breaking instead of (or with) interpolation: operators.split_noise.
     "depth_zero_split": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1},
     "depth_zero_split5": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.5},
+    "depth_zero_split_tail": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
+                              "cycle.final_schedule": "baseline_tail"},
+    "depth_zero_split_carry": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
+                               "cycle.optimizer_policy": "carry"},
     "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0)},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},
