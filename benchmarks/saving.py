@@ -49,6 +49,10 @@ VARIANTS = {
                               "cycle.final_schedule": "baseline_tail"},
     "depth_zero_split_carry": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
                                "cycle.optimizer_policy": "carry"},
+    "depth_zero_split_warm20": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
+                                "cycle.transition_warmup_frac": 0.2},  # Longer warm-up after each transition.
+    "depth_zero_split_top05": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
+                               "cycle.lr_scales": (0.5, 4.0, 4.0)},  # The big model at half the peak LR.
     "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0)},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},
