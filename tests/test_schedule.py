@@ -52,6 +52,7 @@ def test_knobs_reach_the_stages():
     ({"cycle.optimizer_policy": "keep"}, "optimizer_policy"),
     ({"cycle.final_schedule": "x"}, "final_schedule"),
     ({"cycle.w_pre": 1.5}, "w_pre"),
+    ({"cycle.split_noise": -0.1}, "split_noise .* must be >= 0"),
     ({"cycle.small_frac": 0.0}, "small_frac gives 0 steps"),
     ({"cycle.levels": 4}, "Cannot shrink"),
     ({"cycle.width_schemes": "[[[0, 1], [1, 2]]]", "cycle.levels": 2}, "twice"),

@@ -20,22 +20,20 @@ from typing import Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from multilevel.models import axes as A
-from multilevel.operators.mapping import LevelMap
-from multilevel.operators.transfer import _axis_rules, _roles
+from multilevel.operators.mapping import GroupMap, LevelMap
+from multilevel.operators.transfer import _axis_rules, _bshape, _members, _roles, _segment_sum
 from multilevel.operators.tree import check_matches_config, flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
 
 
-def _center_in_groups(r, axis: int, g: np.ndarray, counts: np.ndarray):
+def _center_in_groups(r, axis: int, gm: GroupMap):
   """``r`` minus its mean over each group along ``axis``: sums to zero (up to rounding) within every group."""
-  moved = jnp.moveaxis(r, axis, 0)
-  sums = jax.ops.segment_sum(moved, jnp.asarray(g), num_segments=len(counts))
-  means = sums / jnp.asarray(counts, r.dtype).reshape((-1,) + (1,) * (moved.ndim - 1))
-  return jnp.moveaxis(moved - means[jnp.asarray(g)], 0, axis)
+  sums = _segment_sum(r, gm.g, gm.n_small, axis, _members(gm))
+  means = jnp.take(sums / _bshape(gm.counts.astype(r.dtype), r.ndim, axis), jnp.asarray(gm.g), axis=axis)
+  return r - means
 
 
 def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True) -> dict:
@@ -66,7 +64,7 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
     if merged and scale:
       r = jax.random.normal(jax.random.fold_in(key, index), x.shape, jnp.float32)
       for axis, gm in merged:  # Centering along one axis keeps the zero sums along the others.
-        r = _center_in_groups(r, axis, gm.g, gm.counts)
+        r = _center_in_groups(r, axis, gm)
       x = (x + float(scale) * jnp.std(x.astype(jnp.float32)) * r).astype(x.dtype)
     out[name] = x
   return unflatten(out)
