@@ -39,9 +39,6 @@ def _fault(point: str) -> None:
     os._exit(137)
 
 
-# The operators compiled once per level map: eagerly they would compile hundreds of small programs per shape.
-
-
 class Evaluator:
   """Mean validation loss (and accuracy) over the fixed evaluation batches."""
 
@@ -331,7 +328,8 @@ class Runner:
         pause()
         rec = {"step": g1, "stage": stage.index, "level": stage.level, "lr": float(lr_fn(i)),
                "train_loss": float(np.mean(window)), "flops": pos["flops"], "train_seconds": pos["train_seconds"],
-               "transition_seconds": pos.get("transition_seconds", 0.0), "examples": pos["examples"], "tokens": pos["examples"] * tokens_per or None}
+               "transition_seconds": pos.get("transition_seconds", 0.0), "examples": pos["examples"],
+               "tokens": pos["examples"] * tokens_per or None}
         window.clear()
         if due_eval:
           ev = self.evaluate(eval_fn, state.params)
