@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from multilevel.operators.tree import flatten
+from multilevel.tree import flatten
 
 
 class MetricsWriter:

@@ -14,7 +14,7 @@ import numpy as np
 from multilevel import models as M
 from multilevel import operators as O
 from multilevel.models import axes as A
-from multilevel.operators.tree import flatten, unflatten
+from multilevel.tree import flatten, unflatten
 
 # Four "large" test models: four heads of 16, four layers. Every mapping below starts from one of these.
 BASE = {

@@ -9,7 +9,7 @@ import pytest
 
 from multilevel import models as M
 from multilevel.models import axes as A
-from multilevel.operators.tree import flatten, unflatten
+from multilevel.tree import flatten, unflatten
 
 TINY = {
     "bert": M.preset("bert-test"),

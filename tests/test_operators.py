@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from multilevel import models as M
 from multilevel import operators as O
-from multilevel.operators.tree import flatten, unflatten
+from multilevel.tree import flatten, unflatten
 from tests.operator_util import (BASE, HOW, KINDS, assert_like_config, assert_tree_equal, coalesce, coalesce_c,
                                  coalesce_jit, decoalesce, decoalesce_c, decoalesce_jit, random_params, round_trip_c,
                                  roundtrip, summed_leaves)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from multilevel import operators as O
-from multilevel.operators.tree import flatten, unflatten
+from multilevel.tree import flatten, unflatten
 from tests.operator_util import BASE, HOW, assert_like_config, assert_tree_equal, decoalesce, logits_of, random_params
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from multilevel import models as M
 from multilevel import operators as O
-from multilevel.operators.tree import flatten
+from multilevel.tree import flatten
 from tests.operator_util import (BASE, assert_like_config, assert_tree_equal, coalesce, decoalesce, logits_of,
                                  model_inputs, random_params)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from multilevel.models.config import FAMILIES, PRESETS, ModelConfig, preset
 from multilevel.models.families import FAMILY, Bert, Deit, Gpt
+from multilevel.tree import check_same_structure, flatten
 
 
 def build(cfg: ModelConfig):
@@ -44,15 +45,19 @@ def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **k
 
 def num_params(params, exclude_embeddings: bool = False) -> int:
   """Parameter count; with ``exclude_embeddings`` the token and position tables are left out (as in 6N FLOPs)."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
   total = 0
-  for path, leaf in flat:
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
+  for name, leaf in flatten(params).items():
     if exclude_embeddings and name.split("/")[0] in ("word", "position", "token_type", "pos"):
       continue
     total += int(np.prod(leaf.shape))
   return total
 
 
+def check_params(params, cfg: ModelConfig, what: str = "params") -> None:
+  """Raises ValueError unless ``params`` has exactly the structure, shapes and dtypes of a fresh model of ``cfg``."""
+  check_same_structure(params, abstract_params(cfg), what,
+                       f"a {cfg.family} model with L={cfg.num_layers}, heads={cfg.num_heads}, width={cfg.width}")
+
+
 __all__ = ["FAMILIES", "FAMILY", "PRESETS", "ModelConfig", "preset", "build", "init_params", "abstract_params",
-           "apply", "dummy_inputs", "num_params", "Bert", "Gpt", "Deit"]
+           "apply", "dummy_inputs", "num_params", "check_params", "Bert", "Gpt", "Deit"]

@@ -5,7 +5,8 @@ from multilevel.operators.mapping import (DEPTH_MODES, GroupMap, LevelMap, defau
                                           default_width_groups, make_chain, make_mapping)
 from multilevel.operators.symmetry import split_noise
 from multilevel.operators.transfer import coalesce, decoalesce
-from multilevel.operators.tree import check_matches_config, check_same_structure, flatten, unflatten
+from multilevel.models import check_params as check_matches_config
+from multilevel.tree import check_same_structure, flatten, unflatten
 
 __all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "make_mapping", "make_chain", "LevelMap", "GroupMap",
            "DEPTH_MODES", "default_width_groups", "default_depth_groups", "check_matches_config",

@@ -6,7 +6,7 @@ from typing import Mapping
 
 import jax
 
-from multilevel.operators.tree import check_same_structure
+from multilevel.tree import check_same_structure
 
 
 def interpolate(grown: Mapping, pre: Mapping, *, w_pre: float) -> dict:

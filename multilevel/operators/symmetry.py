@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from multilevel.models import axes as A
 from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.operators.transfer import _axis_rules, _bshape, _members, _roles, _segment_sum
-from multilevel.operators.tree import check_matches_config, flatten, unflatten
+from multilevel.models import check_params
+from multilevel.tree import flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
 
@@ -52,7 +53,7 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
   if not float(scale) >= 0.0:
     raise ValueError(f"split_noise scale must be >= 0 (relative noise level), got {scale}.")
   if check:
-    check_matches_config(grown, mapping.large, "the tree to break the symmetry of")
+    check_params(grown, mapping.large, "the tree to break the symmetry of")
   key = jax.random.PRNGKey(seed)
   out = {}
   for index, (name, x) in enumerate(sorted(flatten(grown).items())):

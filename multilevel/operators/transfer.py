@@ -24,7 +24,8 @@ import numpy as np
 from multilevel.models import FAMILY
 from multilevel.models import axes as A
 from multilevel.operators.mapping import GroupMap, LevelMap
-from multilevel.operators.tree import check_matches_config, flatten, unflatten
+from multilevel.models import check_params
+from multilevel.tree import flatten, unflatten
 
 
 def _axis_rules(m: LevelMap, role: str) -> tuple[GroupMap, np.ndarray | None]:
@@ -147,7 +148,7 @@ def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
   structure and shapes of a ``mapping.large`` model; a mismatch raises ValueError naming the parameter.
   """
   if check:
-    check_matches_config(params, mapping.large, "the tree to coalesce")
+    check_params(params, mapping.large, "the tree to coalesce")
   return _transform(params, mapping, _coalesce_axis, lambda is_depth: is_depth, _depth_residual_coalesce)
 
 
@@ -159,6 +160,6 @@ def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dic
   and does not keep the function.
   """
   if check:
-    check_matches_config(params, mapping.small, "the tree to de-coalesce")
+    check_params(params, mapping.small, "the tree to de-coalesce")
   return _transform(params, mapping, _decoalesce_axis, lambda is_depth: not is_depth,
                     _depth_residual_decoalesce)

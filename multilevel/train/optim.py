@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import optax
 
-from multilevel.operators.tree import flatten, unflatten
+from multilevel.tree import flatten, unflatten
 
 DECAYS = ("linear", "cosine", "constant")
 
