@@ -8,21 +8,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multilevel.models.config import FAMILIES, PRESETS, ModelConfig, preset
-from multilevel.models.families import FAMILY, Bert, Deit, Gpt
+from multilevel.models.config import ModelConfig
+from multilevel.models.families import FAMILY, Bert, Deit, Family, Gpt, family_of
+from multilevel.models.presets import PRESETS, preset
 from multilevel.tree import check_same_structure, flatten
+
+
+FAMILIES = tuple(FAMILY)
 
 
 def build(cfg: ModelConfig):
   """The Flax module for ``cfg``."""
-  return FAMILY[cfg.family].module(cfg)
+  return family_of(cfg).module(cfg)
 
 
 def dummy_inputs(cfg: ModelConfig, batch: int = 1):
   """Inputs of the right shape and dtype for ``init`` and shape evaluation."""
-  if cfg.family == "deit":
-    return (jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),)
-  return (jnp.zeros((batch, cfg.max_len), jnp.int32),)
+  if family_of(cfg).is_text:
+    return (jnp.zeros((batch, cfg.max_len), jnp.int32),)
+  return (jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),)
 
 
 def init_params(cfg: ModelConfig, rng) -> dict:
@@ -45,9 +49,10 @@ def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **k
 
 def num_params(params, exclude_embeddings: bool = False) -> int:
   """Parameter count; with ``exclude_embeddings`` the token and position tables are left out (as in 6N FLOPs)."""
+  embedding_names = {n for f in FAMILY.values() for n in f.embedding_params}
   total = 0
   for name, leaf in flatten(params).items():
-    if exclude_embeddings and name.split("/")[0] in ("word", "position", "token_type", "pos"):
+    if exclude_embeddings and name.split("/")[0] in embedding_names:
       continue
     total += int(np.prod(leaf.shape))
   return total
@@ -59,5 +64,5 @@ def check_params(params, cfg: ModelConfig, what: str = "params") -> None:
                        f"a {cfg.family} model with L={cfg.num_layers}, heads={cfg.num_heads}, width={cfg.width}")
 
 
-__all__ = ["FAMILIES", "FAMILY", "PRESETS", "ModelConfig", "preset", "build", "init_params", "abstract_params",
+__all__ = ["FAMILIES", "FAMILY", "Family", "family_of", "PRESETS", "ModelConfig", "preset", "build", "init_params", "abstract_params",
            "apply", "dummy_inputs", "num_params", "check_params", "Bert", "Gpt", "Deit"]

@@ -10,12 +10,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-FAMILIES = ("bert", "gpt", "deit")
+
+
+def _family(name: str):
+  from multilevel.models.family import family_of  # Lazy: the family modules import this one.
+  return family_of(name)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Size and architecture of one model. ``family`` selects BERT (MLM), GPT (causal LM) or DeiT (images)."""
+  """Size and architecture of one model. ``family`` selects a registered family (``multilevel.models.FAMILY``):
+  BERT (masked LM), GPT (causal LM), DeiT (images)."""
 
   family: str = "gpt"
   num_layers: int = 2
@@ -39,14 +44,15 @@ class ModelConfig:
   remat: bool = False  # Rematerialise each block in the backward pass (saves memory on big models).
 
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}.")
+    from multilevel.models.family import REGISTRY
+    if self.family not in REGISTRY:
+      raise ValueError(f"ModelConfig.family must be one of {sorted(REGISTRY)}, got {self.family!r}.")
     for name in ("num_layers", "num_heads", "head_dim", "ffn_ratio"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}.")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"ModelConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}.")
-    if self.family == "deit":
+    if not _family(self.family).is_text:
       if self.image_size % self.patch_size:
         raise ValueError(
             f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}; pick sizes that divide.")
@@ -67,7 +73,7 @@ class ModelConfig:
   def eps(self) -> float:
     if self.ln_eps >= 0:
       return float(self.ln_eps)
-    return {"bert": 1e-12, "gpt": 1e-5, "deit": 1e-6}[self.family]
+    return _family(self.family).ln_eps
 
   @property
   def num_patches(self) -> int:
@@ -75,8 +81,8 @@ class ModelConfig:
 
   @property
   def seq_len(self) -> int:
-    """Tokens the transformer stack sees per example (patches plus class/distillation tokens for DeiT)."""
-    if self.family == "deit":
+    """Tokens the transformer stack sees per example (patches plus class/distillation tokens for images)."""
+    if not _family(self.family).is_text:
       return self.num_patches + 1 + int(self.distill_token)
     return self.max_len
 
@@ -93,30 +99,3 @@ class ModelConfig:
     if unknown:
       raise ValueError(f"Unknown model config keys {unknown}; valid keys are {sorted(names)}.")
     return cls(**dict(d))
-
-
-# Presets: the paper's models and tiny CPU sizes. Text presets use the GPT-2 / BERT vocabularies; a run on a
-# smaller tokenizer overrides vocab_size.
-PRESETS: dict[str, ModelConfig] = {
-    # Paper sizes.
-    "bert-base": ModelConfig("bert", 12, 12, 64, vocab_size=30522, max_len=512),
-    "bert-large": ModelConfig("bert", 24, 16, 64, vocab_size=30522, max_len=512),
-    "gpt2": ModelConfig("gpt", 12, 12, 64, vocab_size=50257, max_len=1024),
-    "deit-s": ModelConfig("deit", 12, 6, 64, image_size=224, patch_size=16, num_classes=1000),
-    "deit-b": ModelConfig("deit", 12, 12, 64, image_size=224, patch_size=16, num_classes=1000),
-    # Tiny sizes that train on a laptop CPU.
-    "bert-tiny": ModelConfig("bert", 4, 4, 32, vocab_size=2048, max_len=128),
-    "gpt-tiny": ModelConfig("gpt", 4, 4, 32, vocab_size=2048, max_len=128),
-    "deit-tiny": ModelConfig("deit", 4, 4, 32, image_size=28, patch_size=4, num_channels=1, num_classes=10),
-    # Unit-test sizes.
-    "bert-test": ModelConfig("bert", 2, 2, 16, vocab_size=128, max_len=16),
-    "gpt-test": ModelConfig("gpt", 2, 2, 16, vocab_size=128, max_len=16),
-    "deit-test": ModelConfig("deit", 2, 2, 16, image_size=8, patch_size=4, num_channels=1, num_classes=5),
-}
-
-
-def preset(name: str, **overrides) -> ModelConfig:
-  """Returns the named preset with ``overrides`` applied, e.g. ``preset('gpt2', vocab_size=8192)``."""
-  if name not in PRESETS:
-    raise ValueError(f"Unknown model preset {name!r}; choose one of {sorted(PRESETS)}.")
-  return PRESETS[name].replace(**overrides)

@@ -13,7 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
+from multilevel.models.family import family_of
 
 
 def dense_init(std: float = 0.02):
@@ -22,6 +24,37 @@ def dense_init(std: float = 0.02):
 
 def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
+
+
+def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
+  """Refuses token inputs the model cannot embed: wrong rank or dtype, longer than ``max_len``, ids outside the
+  vocabulary. Shapes are checked at trace time; the id range only on concrete arrays (under ``jit`` an id out of
+  range reads NaN from the embedding, which the training loop reports as a NaN loss)."""
+  if tokens_BxT.ndim != 2 or not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
+    raise ValueError(f"Token inputs must be integer ids of shape (batch, length), got {tokens_BxT.dtype} "
+                     f"{tuple(tokens_BxT.shape)}.")
+  if tokens_BxT.shape[1] > cfg.max_len:
+    raise ValueError(f"A sequence of {tokens_BxT.shape[1]} tokens is longer than the model's max_len={cfg.max_len} "
+                     f"(its position table); cut the sequences or build the model with a larger max_len.")
+  if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
+    lo, hi = int(jnp.min(tokens_BxT)), int(jnp.max(tokens_BxT))
+    if lo < 0 or hi >= cfg.vocab_size:
+      raise ValueError(f"Token ids must lie in [0, vocab_size={cfg.vocab_size}); these range over [{lo}, {hi}]. "
+                       f"The tokenizer and the model disagree: set model.vocab_size to the tokenizer's size.")
+
+
+def check_images(cfg: ModelConfig, images_BxHxWxC) -> None:
+  """Refuses images of another size or channel count than the model was built for (checked at trace time)."""
+  want = (cfg.image_size, cfg.image_size, cfg.num_channels)
+  if images_BxHxWxC.ndim != 4 or tuple(images_BxHxWxC.shape[1:]) != want:
+    raise ValueError(f"The model expects images of shape (batch, {want[0]}, {want[1]}, {want[2]}) "
+                     f"(image_size={cfg.image_size}, num_channels={cfg.num_channels}), got "
+                     f"{tuple(images_BxHxWxC.shape)}; resize the images or build the model for their size.")
+
+
+def layer_norm_axes(name: str) -> dict:
+  """Axis roles of a LayerNorm named ``name`` on the hidden width (for a family's table)."""
+  return {f"{name}/scale": (A.HIDDEN_OUT,), f"{name}/bias": (A.HIDDEN_OUT,)}
 
 
 class Attention(nn.Module):
@@ -65,7 +98,7 @@ class Mlp(nn.Module):
     dt = compute_dtype(cfg)
     h_BxTxF = nn.Dense(cfg.ffn_dim, dtype=dt, kernel_init=dense_init(), name="fc1")(x_BxTxD)
     # GPT-2 uses the tanh approximation ("gelu_new"); BERT and ViT/DeiT use the exact erf form.
-    h_BxTxF = nn.gelu(h_BxTxF, approximate=self.cfg.family == "gpt")
+    h_BxTxF = nn.gelu(h_BxTxF, approximate=family_of(cfg).gelu_tanh)
     return nn.Dense(cfg.width, dtype=dt, kernel_init=dense_init(self.out_std), name="fc2")(h_BxTxF)
 
 
@@ -84,7 +117,7 @@ class Block(nn.Module):
   def __call__(self, x_BxTxD, mask_BxT):
     cfg = self.cfg
     # GPT-2 scales the init of residual projections by 1/sqrt(2L); BERT and DeiT do not.
-    out_std = 0.02 / math.sqrt(2 * cfg.num_layers) if cfg.family == "gpt" else 0.02
+    out_std = 0.02 / math.sqrt(2 * cfg.num_layers) if family_of(cfg).scaled_residual_init else 0.02
     ln = lambda name: nn.LayerNorm(epsilon=cfg.eps, dtype=jnp.float32, name=name)
     drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
     attn = Attention(cfg, self.causal, out_std, self.deterministic, name="attn")

@@ -1,7 +1,7 @@
 """Training: objectives, optimizer, the jitted data-parallel step, and FLOPs accounting."""
 
 from multilevel.train.flops import forward_flops_per_example, train_flops_per_step
-from multilevel.train.objectives import OBJECTIVES, ObjectiveConfig, mlm_corrupt, tokens_per_example
+from multilevel.train.objectives import OBJECTIVES, ObjectiveConfig, mlm_corrupt, objective_of, tokens_per_example
 from multilevel.train.optim import LrSchedule, OptimConfig, carry_moments, decay_mask
 from multilevel.train.step import (StepConfig, aot_train_step, TrainState, batch_sharding, compiled_steps, eval_sums_fn, make_mesh,
                                    put_batch, replicated, train_step_fn)

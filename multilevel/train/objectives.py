@@ -1,7 +1,7 @@
 """Losses per family: masked LM (BERT), causal LM (GPT), image classification (DeiT).
 
-Each objective is ``loss_fn(cfg, params, batch, rng, train) -> (loss, aux)`` where ``aux`` holds the sums needed to
-average exactly over devices and microbatches: ``{'loss_sum', 'count', 'correct'}``.
+Each objective is ``loss_fn(cfg, obj, params, batch, rng, train) -> {'loss_sum', 'count', 'correct'}``: the sums
+needed to average exactly over devices and microbatches. A family names its objective (``Family.objective``).
 """
 
 from __future__ import annotations
@@ -83,11 +83,14 @@ def classification_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, r
   return {"loss_sum": jnp.sum(ce), "count": n, "correct": jnp.sum(correct)}
 
 
-OBJECTIVES = {"bert": mlm_loss, "gpt": clm_loss, "deit": classification_loss}
+OBJECTIVES = {"mlm": mlm_loss, "clm": clm_loss, "classification": classification_loss}
+
+
+def objective_of(cfg: ModelConfig):
+  """The loss function of ``cfg``'s family."""
+  return OBJECTIVES[M.family_of(cfg).objective]
 
 
 def tokens_per_example(cfg: ModelConfig) -> int:
   """Positions the transformer processes per example (for throughput and FLOPs)."""
-  if cfg.family == "gpt":
-    return cfg.max_len - 1 if cfg.max_len > 1 else 1
-  return cfg.seq_len
+  return int(M.family_of(cfg).positions(cfg))

@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from multilevel.models import ModelConfig
-from multilevel.train.objectives import OBJECTIVES, ObjectiveConfig
+from multilevel.train.objectives import ObjectiveConfig, objective_of
 from multilevel.train.optim import OptimConfig
 
 
@@ -85,7 +85,7 @@ def _sum_aux(a, b):
 
 def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
   """``(state, batch, step) -> (state, metrics)``; ``step`` (global, int32) seeds dropout and masking."""
-  loss_fn = OBJECTIVES[sc.model.family]
+  loss_fn = objective_of(sc.model)
 
   def grads_of(params, micro, rng):
     def f(p):
@@ -126,7 +126,7 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
 
 def eval_sums_fn(sc: StepConfig):
   """``(params, batch, index) -> {'loss_sum', 'count', 'correct'}`` with a fixed rng per eval batch."""
-  loss_fn = OBJECTIVES[sc.model.family]
+  loss_fn = objective_of(sc.model)
 
   def ev(params, batch, index):
     rng = jax.random.fold_in(jax.random.key(sc.seed + 1_000_003), index)

@@ -1,0 +1,81 @@
+"""What the rest of the package needs to know about a model family, as one record per family.
+
+A family is a Flax module plus this record: the axis-role table the operators read, and the facts that would
+otherwise be string tests on ``cfg.family`` spread over the package (text or images, which objective, GELU form,
+init scale, positions per example, FLOPs outside the blocks). A new family is a new module file that calls
+``register(Family(...))``, plus one import line in ``families.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+MODALITIES = ("text", "images")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One model family.
+
+  Attributes:
+    name: the ``ModelConfig.family`` value.
+    module: ``ModelConfig -> flax.linen.Module``.
+    axes: parameter path -> one role per axis (``multilevel.models.axes``); all the operators know of a model.
+    modality: ``"text"`` (token ids in: ``max_len``, ``vocab_size``) or ``"images"`` (``image_size``,
+      ``num_channels``, ``num_classes``).
+    objective: the key of ``multilevel.train.objectives.OBJECTIVES`` this family trains with.
+    pre_ln: LayerNorm before each residual branch (GPT, DeiT) or after the residual sum (BERT).
+    tied_embedding: the output head is the transposed token embedding (BERT, GPT).
+    ln_eps: the family's default normalisation epsilon (``ModelConfig.ln_eps = -1`` selects it).
+    gelu_tanh: the tanh approximation of GELU (GPT-2's "gelu_new"); otherwise the exact erf form.
+    scaled_residual_init: residual-branch output projections start at std 0.02 / sqrt(2 L) (GPT-2).
+    embedding_params: top-level parameter names left out of non-embedding counts (the 6N convention).
+    positions: ``ModelConfig -> int``, the positions the transformer stack processes per example.
+    head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
+  """
+
+  name: str
+  module: Callable[[Any], Any]
+  axes: Mapping[str, tuple]
+  modality: str
+  objective: str
+  pre_ln: bool
+  tied_embedding: bool
+  ln_eps: float
+  positions: Callable[[Any], int]
+  head_flops: Callable[[Any], float]
+  gelu_tanh: bool = False
+  scaled_residual_init: bool = False
+  embedding_params: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if self.modality not in MODALITIES:
+      raise ValueError(f"Family {self.name!r}: modality must be one of {MODALITIES}, got {self.modality!r}.")
+
+  @property
+  def is_text(self) -> bool:
+    return self.modality == "text"
+
+  @property
+  def reports_accuracy(self) -> bool:
+    """Whether evaluation reports accuracy next to the loss (classification)."""
+    return self.objective == "classification"
+
+
+REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+  if family.name in REGISTRY:
+    raise ValueError(f"Model family {family.name!r} is registered twice.")
+  REGISTRY[family.name] = family
+  return family
+
+
+def family_of(cfg_or_name) -> Family:
+  """The ``Family`` of a ``ModelConfig`` (or of a family name)."""
+  name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.family
+  if name not in REGISTRY:
+    raise ValueError(f"Unknown model family {name!r}; known families: {sorted(REGISTRY)}.")
+  return REGISTRY[name]

@@ -1,0 +1,48 @@
+"""GPT-2: a pre-LN causal decoder with learned positions, a final LayerNorm and an LM head tied to the embeddings."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multilevel.models import axes as A
+from multilevel.models.config import ModelConfig
+from multilevel.models.family import Family, register
+from multilevel.models.transformer import check_tokens, dense_init, layer_norm_axes, stack
+
+
+class Gpt(nn.Module):
+  """``__call__(tokens_BxT, train=False) -> logits_BxTxV`` (float32)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxT, train: bool = False):
+    cfg = self.cfg
+    check_tokens(cfg, tokens_BxT)
+    t = tokens_BxT.shape[1]
+    word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
+    pos = self.param("position", nn.initializers.normal(0.01), (cfg.max_len, cfg.width))
+    x_BxTxD = word(tokens_BxT) + pos[None, :t]
+    x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
+    x_BxTxD = stack(cfg, pre_ln=True, causal=True, deterministic=not train)(x_BxTxD)
+    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x_BxTxD)
+    return word.attend(x_BxTxD.astype(jnp.float32))
+
+
+GPT_AXES = A.with_blocks({
+    "word/embedding": (None, A.EMBED),
+    "position": (None, A.EMBED),
+    **layer_norm_axes("ln_final"),
+})
+
+
+def positions(cfg: ModelConfig) -> int:
+  """A row of ``max_len`` tokens trains on its first ``max_len - 1`` positions (each predicts the next token)."""
+  return cfg.max_len - 1 if cfg.max_len > 1 else 1
+
+
+GPT = register(Family(
+    "gpt", Gpt, GPT_AXES, modality="text", objective="clm", pre_ln=True, tied_embedding=True, ln_eps=1e-5,
+    positions=positions, head_flops=lambda cfg: 2 * positions(cfg) * cfg.width * cfg.vocab_size,
+    gelu_tanh=True, scaled_residual_init=True, embedding_params=("word", "position")))
