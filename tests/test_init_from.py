@@ -1,5 +1,7 @@
 """Starting a run from a Hugging Face checkpoint (config.init_from), and the config protocols."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ def runner_and_dir(tmp_path_factory):
   base = tmp_path_factory.mktemp("init")
   runner = Runner(tiny_config("gpt", levels=1), str(base / "probe"))
   yield runner, base
-  runner.train_iter.close()
+  runner.close()
 
 
 def test_init_from_loads_the_checkpoint_exactly(runner_and_dir):
@@ -23,12 +25,11 @@ def test_init_from_loads_the_checkpoint_exactly(runner_and_dir):
   target = runner.plan.levels[0]
   params = jax.tree.map(lambda x: x + 0.01, runner.initial_params())  # Not the random init.
   save_hf(target, params, str(base / "hf"))
-  runner.config.unlock()
-  runner.config.init_from = str(base / "hf")
+  runner.config = dataclasses.replace(runner.config, init_from=str(base / "hf"))
   try:
     loaded = runner.initial_params()
   finally:
-    runner.config.init_from = ""
+    runner.config = dataclasses.replace(runner.config, init_from="")
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
@@ -37,13 +38,12 @@ def test_init_from_a_checkpoint_of_another_shape_is_refused(runner_and_dir):
   other = runner.plan.levels[0].replace(num_layers=3)
   from multilevel import models as M
   save_hf(other, M.init_params(other, 0), str(base / "other"))
-  runner.config.unlock()
-  runner.config.init_from = str(base / "other")
+  runner.config = dataclasses.replace(runner.config, init_from=str(base / "other"))
   try:
     with pytest.raises(ValueError, match="must match the imported checkpoint"):
       runner.initial_params()
   finally:
-    runner.config.init_from = ""
+    runner.config = dataclasses.replace(runner.config, init_from="")
 
 
 @pytest.mark.parametrize("module", [gpt, bert, deit])

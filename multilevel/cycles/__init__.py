@@ -1,3 +1,12 @@
-"""The V-cycle: the schedule as data (``schedule``) and the driver that runs it in one process (``driver``)."""
+"""Training methods as data and the driver that runs them.
 
-from multilevel.cycles.schedule import FINAL_SCHEDULES, OPT_POLICIES, Plan, Stage, build_plan
+A method is a plan builder plus its transitions (``plan.Method``), registered by name (``cycle.method``); the
+V-cycle (``vcycle.py``; scratch is its one-level plan) is the first. ``driver.train_and_evaluate`` runs any of them.
+"""
+
+from multilevel.cycles import vcycle  # noqa: F401  (registers the method)
+from multilevel.cycles.plan import METHODS, Method, Plan, Stage, Transition, method_of, register_method
+from multilevel.cycles.vcycle import FINAL_SCHEDULES, OPT_POLICIES, CycleConfig, build_plan
+
+__all__ = ["METHODS", "Method", "Plan", "Stage", "Transition", "method_of", "register_method", "CycleConfig",
+           "build_plan", "FINAL_SCHEDULES", "OPT_POLICIES"]

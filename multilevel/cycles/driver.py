@@ -1,10 +1,15 @@
-"""The V-cycle driver: trains every stage of a ``Plan`` in one process, with transitions, evaluation and resumption.
+"""The driver: runs any method's ``Plan`` in one process, with transitions, evaluation, checkpoints and resumption.
 
-``train_and_evaluate(config, workdir)`` is the whole job. It restores the run's own workdir first (the latest
-complete checkpoint), else starts from scratch; a workdir whose checkpoints are gone, damaged, or belong to another
-config raises ``CheckpointError`` instead of silently starting over. A killed run started again with the same command
-ends with the same parameters, bit for bit, as one never interrupted: data order, dropout and masking depend only on
-the seed, the global step and the saved iterator position.
+``train_and_evaluate(config, workdir)`` is the whole job. Everything that can be checked before training (the
+config, the plan, the mesh against the batch) is checked before anything is written to the workdir; a workdir in
+use by another run is refused. The run's own workdir is restored first (the latest complete checkpoint), else
+training starts from scratch (or from ``init_from``); a workdir whose checkpoints are gone, damaged, or belong to
+another config raises ``CheckpointError`` instead of silently starting over. A killed run started again with the
+same command ends with the same parameters, bit for bit, as one never interrupted: data order, dropout and masking
+depend only on the seed, the global step and the saved iterator position.
+
+The method (``multilevel.cycles.METHODS``) supplies the plan and the transitions; the driver owns the loop, the
+timing, the evaluations and the logs.
 """
 
 from __future__ import annotations
@@ -19,13 +24,18 @@ import numpy as np
 from absl import logging
 
 from multilevel import models as M
-from multilevel import operators as O
 from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff, quiet_orbax_logs
-from multilevel.cycles.run_config import data_kind, model_config, objective_config, resolved_config
-from multilevel.cycles.schedule import Plan, Stage, build_plan
+from multilevel.cycles.plan import Plan, Stage, method_of
+from multilevel.cycles.position import RunPosition
+from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
-from multilevel.train import (OptimConfig, StepConfig, TrainState, aot_train_step, carry_moments, compiled_steps, make_mesh,
-                              put_batch, replicated, tokens_per_example, train_flops_per_step)
+from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
+                              replicated, tokens_per_example, train_flops_per_step)
+from multilevel.typed_config import ConfigError
+from multilevel.workdir import WorkdirLock, WorkdirLockedError
+
+# What a user's config, data, checkpoint or machine can cause: the command line reports these in one line.
+EXPECTED_ERRORS = (ValueError, TypeError, OSError, CheckpointError, WorkdirLockedError, FloatingPointError)
 
 
 def _fault(point: str) -> None:
@@ -39,82 +49,107 @@ def _fault(point: str) -> None:
     os._exit(137)
 
 
-class Evaluator:
-  """Mean validation loss (and accuracy) over the fixed evaluation batches."""
-
-  def __init__(self, eval_batches, mesh):
-    self._batches = eval_batches
-    self._mesh = mesh
-
-  def __call__(self, eval_fn, params) -> dict[str, float]:
-    total = None
-    for i, batch in enumerate(self._batches()):
-      sums = eval_fn(params, put_batch(batch, self._mesh), jnp.int32(i))
-      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-    if total is None:
-      raise ValueError("The evaluation set is empty: give the data more validation examples (data.val_fraction).")
-    total = jax.device_get(total)
-    n = max(float(total["count"]), 1.0)
-    return {"eval_loss": float(total["loss_sum"]) / n, "eval_accuracy": float(total["correct"]) / n}
+def check_batch(train, mesh) -> None:
+  """The global batch must split evenly over processes, devices and gradient-accumulation microbatches."""
+  devices, procs = mesh.devices.size, jax.process_count()
+  micro = train.batch_size // train.grad_accum
+  if train.batch_size % procs or micro % devices:
+    raise ConfigError(
+        f"train.batch_size={train.batch_size} with train.grad_accum={train.grad_accum} gives microbatches of "
+        f"{micro} rows, which do not split over the {devices} devices ({procs} processes) of the mesh; choose a "
+        f"batch size that is a multiple of grad_accum x {devices} (e.g. {train.grad_accum * devices * max(1, micro // devices)}), "
+        f"or set train.num_devices.")
 
 
 class Runner:
-  """State of one run; ``run()`` executes the plan from wherever the workdir says it stopped."""
+  """State of one run; ``run()`` executes the plan from wherever the workdir says it stopped. ``close()`` (or
+  leaving a ``with`` block) waits for pending saves and frees the data threads and the workdir lock."""
 
   def __init__(self, config, workdir: str):
-    self.config = config
-    self.workdir = os.path.abspath(os.path.expanduser(workdir))
-    os.makedirs(self.workdir, exist_ok=True)
-    self.is_main = jax.process_index() == 0
-    from multilevel.data import make_data  # Imported here: the data stack is heavy and only the driver needs it.
+    self._closers = []
+    try:
+      self._setup(config, workdir)
+    except BaseException:
+      self.close()  # A half-built run gives back the lock and the data threads at once.
+      raise
 
-    tc = config.train
-    self.model_family = config.model.family
-    probe = model_config(config, None)
+  def _setup(self, config, workdir: str) -> None:
+    self.config = RunConfig.from_config(config)
+    run, tc = self.config, self.config.train
+    self.workdir = os.path.abspath(os.path.expanduser(workdir))
+    self.is_main = jax.process_index() == 0
+    self.method = method_of(run.cycle.method)
+    # Checks that need no data come first: nothing is written before the config, the plan and the mesh are valid.
+    probe = model_config(run, None)
+    self.method.build_plan(probe, run.cycle, tc)
+    self.mesh = make_mesh(tc.num_devices or (1 if jax.default_backend() == "cpu" else None))
+    check_batch(tc, self.mesh)
+    self._closers.append(WorkdirLock(self.workdir, jax.process_index()).release)
+    from multilevel.data import make_data  # Imported here: the data stack is heavy and only a run needs it.
+
+    fam = M.family_of(probe)
     self.train_iter, self.eval_batches, self.info = make_data(
-        config.data, kind=data_kind(probe), batch_size=int(tc.batch_size),
-        seq_len=probe.max_len if probe.family != "deit" else None,
-        image_size=probe.image_size if probe.family == "deit" else None, seed=int(tc.seed),
-        model_family=probe.family)
-    self.model = model_config(config, self.info)
-    self.plan: Plan = build_plan(self.model, config.cycle, tc)
-    self.mesh = make_mesh(int(tc.num_devices) or (1 if jax.default_backend() == "cpu" else None))
+        run.data, kind=fam.modality, batch_size=tc.batch_size, seq_len=probe.max_len if fam.is_text else None,
+        image_size=None if fam.is_text else probe.image_size, seed=tc.seed, model_family=probe.family)
+    self._closers.append(self.train_iter.close)
+    self.model = model_config(run, self.info)
+    self.plan: Plan = self.method.build_plan(self.model, run.cycle, tc)
     self.rep = replicated(self.mesh)
-    self.objective = objective_config(config, self.info)
+    self.objective = objective_config(run, self.model, self.info)
     self.evaluate = Evaluator(self.eval_batches, self.mesh)
-    self.cfg_json = resolved_config(config, self.model)
+    self.cfg_json = resolved_config(run, self.model)
     quiet_orbax_logs()
-    self.ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=int(config.checkpoint.keep),
-                             async_save=bool(config.checkpoint.async_save))
-    self.writer = MetricsWriter(self.workdir, enabled=self.is_main, tensorboard=bool(config.tensorboard))
-    self.batch = int(tc.batch_size)
+    self.ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=run.checkpoint.keep,
+                             async_save=run.checkpoint.async_save)
+    self._closers.append(self.ckpt.close)
+    self.writer = MetricsWriter(self.workdir, enabled=self.is_main, tensorboard=run.tensorboard)
+    self._closers.append(self.writer.close)
+    self.pos = RunPosition()
+    self.last_eval: tuple[int, dict] | None = None  # (global step, metrics) of the latest end-of-stage evaluation.
     logging.info("Data: %s", self.info.description)
     logging.info("%s", self.plan.describe())
 
-  # ---- compiled pieces per stage -------------------------------------------------------------------------------
+  def __enter__(self):
+    return self
 
-  def step_configs(self, stage: Stage) -> tuple[StepConfig, OptimConfig]:
+  def __exit__(self, *exc):
+    self.close()
+
+  def close(self) -> None:
+    """Frees what the run holds, last opened first; safe to call twice."""
+    while self._closers:
+      self._closers.pop()()
+
+  # ---- compiled pieces ---------------------------------------------------------------------------------------
+
+  def step_config(self, level: int) -> StepConfig:
     tc = self.config.train
-    sc = StepConfig(self.plan.levels[stage.level], self.objective, int(tc.grad_accum), int(tc.seed))
-    oc = OptimConfig(stage.lr, float(tc.weight_decay), float(tc.b1), float(tc.b2), float(tc.eps),
-                     float(tc.grad_clip))
-    return sc, oc
+    return StepConfig(self.plan.levels[level], self.objective, tc.grad_accum, tc.seed)
 
   def steps_for(self, stage: Stage):
-    """``(tx, train_step, eval_sums)`` of a stage, jitted once per shape and optimizer."""
-    return compiled_steps(*self.step_configs(stage), self.mesh)
+    """The stage's ``Steps`` (optimizer, train and eval steps), jitted once per shape and optimizer."""
+    return build_steps(self.step_config(stage.level), stage.optim, self.mesh)
 
-  # ---- checkpoint position -----------------------------------------------------------------------------------
+  def eval_fn(self, level: int):
+    return eval_step(self.step_config(level), self.mesh)
 
-  def _meta(self, pos: dict) -> dict:
-    return dict(pos, config=self.cfg_json, data=self.train_iter.get_state(), metrics_count=self.writer.count)
+  def _compile(self, build):
+    """``build()`` (an ahead-of-time compilation), timed as compile seconds: kept out of the training wall-clock."""
+    t0 = time.perf_counter()
+    out = build()
+    self.pos.compile_seconds += time.perf_counter() - t0
+    return out
 
-  def save(self, state: TrainState, snaps: dict, pos: dict) -> None:
+  # ---- checkpoints -------------------------------------------------------------------------------------------
+
+  def save(self, state: TrainState, held: dict) -> None:
     self.writer.flush()
-    tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in snaps.items()}}
-    self.ckpt.save(pos["save_id"], jax.device_get(tree), self._meta(pos))
-    _fault(f"save:{pos['save_id']}")
-    pos["save_id"] += 1
+    tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
+    meta = dict(self.pos.to_meta(), config=self.cfg_json, data=self.train_iter.get_state(),
+                metrics_count=self.writer.count)
+    self.ckpt.save(self.pos.save_id, jax.device_get(tree), meta)
+    _fault(f"save:{self.pos.save_id}")
+    self.pos.save_id += 1
 
   def restore(self):
     latest = self.ckpt.latest()
@@ -122,54 +157,54 @@ class Runner:
     if latest is None:
       if os.path.exists(marker):
         raise CheckpointError(f"{self.workdir} holds a started run (run.json) but no complete checkpoint under "
-                              f"{self.ckpt.directory}. The checkpoints were deleted or never finished; start a new "
-                              f"--workdir (or delete run.json to start this one over).")
+                              f"{self.ckpt.directory}: the checkpoints were deleted or never finished. Start a new "
+                              f"--workdir, or delete {self.workdir} to start this run over.")
       return None
     meta = self.ckpt.restore_meta(latest)
     diff = config_diff(meta.get("config", {}), self.cfg_json)
     if diff:
-      raise CheckpointError(f"The checkpoint in {self.workdir} belongs to a different config:\n  " + "\n  ".join(
-          diff[:12]) + "\nRun with the original config to resume, or choose a new --workdir.")
-    stage = self.plan.stages[meta["stage"]]
-    tx, _, _ = self.steps_for(stage)
+      raise CheckpointError(f"The checkpoint in {self.workdir} belongs to a different config: " + "; ".join(
+          diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")
+    try:
+      pos = RunPosition.from_meta(meta)
+    except (KeyError, TypeError) as e:
+      raise CheckpointError(f"Checkpoint {latest} in {self.ckpt.directory} was written by another version of "
+                            f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
+    stage = self.plan.stages[pos.stage]
     params = M.abstract_params(self.plan.levels[stage.level])
-    abstract = {"params": params, "opt_state": jax.eval_shape(tx.init, params),
-                "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in meta["snapshots"]}}
+    held = self.plan.snapshots_before(stage.index)
+    abstract = {"params": params, "opt_state": jax.eval_shape(self.steps_for(stage).tx.init, params),
+                "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in held}}
     tree = self.ckpt.restore_state(latest, abstract_like(abstract, self.rep))
     self.train_iter.set_state(meta["data"])
     self.writer.truncate(int(meta["metrics_count"]))
-    snaps = {int(k): v for k, v in tree["snapshots"].items()}
-    pos = {k: meta[k] for k in ("stage", "stage_step", "global_step", "flops", "train_seconds", "examples",
-                                "per_stage", "snapshots", "compile_seconds", "transition_seconds") if k in meta}
-    pos["save_id"] = latest + 1
-    logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos["stage"],
-                 pos["stage_step"], pos["global_step"])
-    return TrainState(tree["params"], tree["opt_state"]), snaps, pos
+    pos.save_id = latest + 1
+    self.pos = pos
+    logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos.stage,
+                 pos.stage_step, pos.global_step)
+    return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
 
   def fresh(self):
     stage = self.plan.stages[0]
-    tx, _, _ = self.steps_for(stage)
-    params = jax.device_put(self.initial_params(), self.rep)
-    state = TrainState(params, tx.init(params))
-    pos = {"stage": 0, "stage_step": 0, "global_step": 0, "flops": 0.0, "train_seconds": 0.0, "examples": 0,
-           "per_stage": [], "snapshots": [], "save_id": 0}
+    state = self.steps_for(stage).init_state(jax.device_put(self.initial_params(), self.rep))
+    self.pos = RunPosition()
     self.writer.truncate(0)
-    self.save(state, {}, pos)
+    self.save(state, {})
     self.ckpt.wait()
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "run.json"),
                         {"config": self.cfg_json, "plan": self.plan.describe().splitlines()})
-    return state, {}, pos
+    return state, {}
 
   def initial_params(self):
     """Random init, or the weights of a Hugging Face checkpoint (``config.init_from``) for the target model."""
-    source = str(self.config.get("init_from", "") or "")
+    source = self.config.init_from
     if not source:
-      return M.init_params(self.plan.levels[0], int(self.config.train.seed))
+      return M.init_params(self.plan.levels[0], self.config.train.seed)
     from multilevel.interop import load_hf
     _, params = load_hf(source)
     try:
-      O.check_matches_config(params, self.plan.levels[0], f"the checkpoint {source}")
+      M.check_params(params, self.plan.levels[0], f"the checkpoint {source}")
     except ValueError as e:
       raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
                        f"vocab_size, max_len); set --config.model.* and data.tokenizer to the checkpoint's.") from e
@@ -178,217 +213,197 @@ class Runner:
 
   # ---- transitions -------------------------------------------------------------------------------------------
 
-  def _run(self, pos: dict, fn, *args):
-    """``fn(*args)`` compiled ahead (counted as compile seconds), then run and placed on the mesh (counted as
-    transition seconds: the wall-clock a level change costs, next to the steps' train seconds)."""
-    tc0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    t0 = time.perf_counter()
-    pos["compile_seconds"] = pos.get("compile_seconds", 0.0) + t0 - tc0
-    out = jax.block_until_ready(jax.device_put(compiled(*args), self.rep))
-    pos["transition_seconds"] = pos.get("transition_seconds", 0.0) + time.perf_counter() - t0
-    return out
+  def transition(self, state: TrainState, held: dict, src: Stage, dst: Stage):
+    """Runs the method's transition into ``dst`` (compiled ahead; its run time counted as transition seconds),
+    then evaluates its probes and the resulting parameters, logged as events and not timed."""
+    t = self.method.transition(self.plan, src, dst)
 
-  def transition(self, state: TrainState, snaps: dict, src: Stage, dst: Stage, pos: dict) -> TrainState:
-    """Moves the state to ``dst``'s level: coalesce, or de-coalesce (+ split noise) and interpolate; a fresh or
-    carried optimizer state. Evaluations in between are logged as events and not timed."""
-    plan, tc = self.plan, self.config.train
-    tx, _, eval_fn = self.steps_for(dst)
-    g = pos["global_step"]
-    if dst.enter == "coalesce":
-      m = plan.maps[src.level]
-      snaps[src.level] = state.params  # The interpolation partner of the way back up: this level, right now.
-      params = self._run(pos, lambda t: O.coalesce(t, m), state.params)
-      opt_map = lambda t: O.coalesce(t, m, check=False)
-      self.log_eval(eval_fn, params, dst, g, "after_coalesce")
-    elif dst.enter == "grow":
-      m = plan.maps[dst.level]
-      noise, seed = plan.split_noise, int(tc.seed) + 1000 + dst.index
+    def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
+      compiled = self._compile(lambda: jax.jit(fn, out_shardings=self.rep).lower(carry).compile())
 
-      def grow(t):
-        grown = O.decoalesce(t, m)
-        return O.split_noise(grown, m, scale=noise, seed=seed) if noise else grown
+      def timed(c):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(c))
+        self.pos.transition_seconds += time.perf_counter() - t0
+        return out
+      return timed
 
-      grown = self._run(pos, grow, state.params)
-      self.log_eval(eval_fn, grown, dst, g, "after_decoalesce")
-      params = self._run(pos, lambda a, b: O.interpolate(a, b, w_pre=plan.w_pre), grown, snaps.pop(dst.level))
-      opt_map = lambda t: O.decoalesce(t, m, check=False)
-      self.log_eval(eval_fn, params, dst, g, "after_interpolate")
-    else:
-      raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
-    if plan.restart_control:  # Control run: throw the transferred weights away.
-      params = jax.device_put(M.init_params(plan.levels[dst.level], int(tc.seed) + 1 + dst.index), self.rep)
-      self.log_eval(eval_fn, params, dst, g, "after_restart_control")
-    if plan.optimizer_policy == "carry":
-      opt_state = self._run(pos, lambda old, p: carry_moments(old, tx.init(p), opt_map), state.opt_state, params)
-    else:
-      opt_state = self._run(pos, tx.init, params)
-    return TrainState(params, opt_state)
+    out = t.run({"params": state.params, "opt_state": state.opt_state, "taken": {k: held[k] for k in t.takes}},
+                compile_part)
+    params, opt_state, probes = out["params"], out["opt_state"], {k: out[k] for k in t.probe_levels}
+    held = {k: v for k, v in held.items() if k not in t.takes}
+    held.update(out["put"])
+    if tuple(sorted(held)) != self.plan.snapshots_before(dst.index):
+      raise AssertionError(f"Transition {t.name} into stage {dst.name} leaves snapshots {sorted(held)}, but the plan "
+                           f"holds {self.plan.snapshots_before(dst.index)}: the method's plan and transition disagree.")
+    g = self.pos.global_step
+    for event, tree in probes.items():
+      self.log_eval(t.probe_levels[event], tree, dst, g, event)
+    self.log_eval(dst.level, params, dst, g, t.final_event)
+    return TrainState(params, opt_state), held
 
-  def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str, extra: dict | None = None) -> dict:
-    ev = self.evaluate(eval_fn, params)
-    rec = {"step": g, "stage": stage.index, "level": stage.level, "event": event, **ev, **(extra or {})}
-    if self.model_family != "deit":
-      rec.pop("eval_accuracy")
+  def log_eval(self, level: int, params, stage: Stage, g: int, event: str) -> dict:
+    ev = self.evaluate(self.eval_fn(level), params)
+    rec = {"step": g, "stage": stage.index, "level": stage.level, "event": event, **self._eval_fields(ev)}
     self.writer.write(rec)
     logging.info("step %d %s (stage %s): eval loss %.4f", g, event, stage.name, ev["eval_loss"])
     return ev
+
+  def _eval_fields(self, ev: dict) -> dict:
+    return ev if M.family_of(self.model).reports_accuracy else {"eval_loss": ev["eval_loss"]}
 
   # ---- the loop ----------------------------------------------------------------------------------------------
 
   def run(self) -> dict:
     restored = self.restore()
-    state, snaps, pos = restored if restored is not None else self.fresh()
-    progress = self._progress(pos["global_step"])
+    state, held = restored if restored is not None else self.fresh()
+    progress = self._progress(self.pos.global_step)
     try:
       while True:
-        stage = self.plan.stages[pos["stage"]]
-        if pos["stage_step"] < stage.steps:
-          state = self.train_stage(state, snaps, stage, pos, progress)
-        if pos["stage"] + 1 == len(self.plan.stages):
+        stage = self.plan.stages[self.pos.stage]
+        if self.pos.stage_step < stage.steps:
+          state = self.train_stage(state, held, stage, progress)
+        if self.pos.stage + 1 == len(self.plan.stages):
           break
-        nxt = self.plan.stages[pos["stage"] + 1]
-        state = self.transition(state, snaps, stage, nxt, pos)
-        pos.update(stage=nxt.index, stage_step=0, snapshots=sorted(snaps))
+        nxt = self.plan.stages[self.pos.stage + 1]
+        state, held = self.transition(state, held, stage, nxt)
+        self.pos.enter(nxt.index)
         _fault(f"transition:{nxt.index}")
-        self.save(state, snaps, pos)
+        self.save(state, held)
     finally:
       if progress is not None:
         progress.close()
-    return self.finish(state, pos)
+    return self.finish(state)
 
-  def train_stage(self, state: TrainState, snaps: dict, stage: Stage, pos: dict, progress) -> TrainState:
-    tc = self.config.train
+  def train_stage(self, state: TrainState, held: dict, stage: Stage, progress) -> TrainState:
+    """Dispatches the stage's steps; step t's metrics are fetched after step t + 1 is dispatched, and the
+    boundaries (log, evaluation, checkpoint) are handled by ``_at_boundary``."""
+    tc, pos = self.config.train, self.pos
     cfg = self.plan.levels[stage.level]
-    _, _, eval_fn = self.steps_for(stage)
-    lr_fn = stage.lr.build()
-    step_flops = train_flops_per_step(cfg, self.batch)
-    tokens_per = tokens_per_example(cfg) if cfg.family != "deit" else 0
-    log_every, eval_every = int(tc.log_every), int(tc.eval_every)
-    ckpt_every = int(self.config.checkpoint.every)
-    while len(pos["per_stage"]) <= stage.index:
-      pos["per_stage"].append({"stage": len(pos["per_stage"]), "steps": 0, "flops": 0.0, "train_seconds": 0.0})
-    stats = pos["per_stage"][stage.index]
+    steps = self.steps_for(stage)
+    step_flops = train_flops_per_step(cfg, tc.batch_size)
     window: list[float] = []
-    pending = None
-    compiled = None
-    t0 = time.perf_counter()
-
-    def fetch(p):
-      g, i, metrics = p
-      m = jax.device_get(metrics)
-      loss = float(m["loss"])
-      if not math.isfinite(loss):
-        raise FloatingPointError(
-            f"Training loss is {loss} at global step {g} (stage {stage.name}, level {stage.level}, "
-            f"L{cfg.num_layers}/d{cfg.width}). Nothing was saved after it; the last good checkpoint is in "
-            f"{self.ckpt.directory}. Lower train.lr, lengthen warm-up, or check the data.")
-      window.append(loss)
-      return g, i, m
-
-    def pause():
-      jax.block_until_ready(state.params)
-      dt = time.perf_counter() - t0
-      pos["train_seconds"] += dt
-      stats["train_seconds"] += dt
-
-    def resume():
-      nonlocal t0
-      t0 = time.perf_counter()
-
-    while pos["stage_step"] < stage.steps:
-      i, g = pos["stage_step"], pos["global_step"]
+    pending, compiled = None, None
+    timer = _StageTimer(pos, stage.index)
+    while pos.stage_step < stage.steps:
+      g = pos.global_step
       batch = put_batch(next(self.train_iter), self.mesh)
       if compiled is None:  # Compile outside the timed region: train seconds are steps, not compilation.
-        pause()
-        tc0 = time.perf_counter()
-        compiled = aot_train_step(*self.step_configs(stage), self.mesh, state, batch, jnp.int32(g))
-        pos["compile_seconds"] = pos.get("compile_seconds", 0.0) + time.perf_counter() - tc0
-        resume()
+        timer.pause(state)
+        compiled = self._compile(lambda: steps.compile_train(state, batch, jnp.int32(g)))
+        timer.start()
       state, metrics = compiled(state, batch, jnp.int32(g))
       _fault(f"step:{g + 1}")
       if pending is not None:
-        fetch(pending)
-      pending = (g + 1, i + 1, metrics)
-      pos["stage_step"], pos["global_step"] = i + 1, g + 1
-      pos["flops"] += step_flops
-      pos["examples"] += self.batch
-      stats["steps"] += 1
-      stats["flops"] += step_flops
+        window.append(self._fetch_loss(pending, stage, cfg))
+      pending = (g + 1, metrics)
+      pos.count_step(stage.index, step_flops, tc.batch_size)
       if progress is not None:
         progress.update(1)
-      done = pos["stage_step"] == stage.steps
-      g1 = pos["global_step"]
-      due_log = g1 % log_every == 0 or done
-      due_eval = (eval_every > 0 and g1 % eval_every == 0) or done
-      due_ckpt = (ckpt_every > 0 and g1 % ckpt_every == 0) or done
-      if due_log or due_eval or due_ckpt:
-        fetch(pending)
+      g1, done = pos.global_step, pos.stage_step == stage.steps
+      due_eval = (tc.eval_every > 0 and g1 % tc.eval_every == 0) or done
+      due_ckpt = (self.config.checkpoint.every > 0 and g1 % self.config.checkpoint.every == 0) or done
+      if g1 % tc.log_every == 0 or due_eval or due_ckpt:
+        window.append(self._fetch_loss(pending, stage, cfg))
+        lr = float(jax.device_get(pending[1]["lr"]))
         pending = None
-        pause()
-        rec = {"step": g1, "stage": stage.index, "level": stage.level, "lr": float(lr_fn(i)),
-               "train_loss": float(np.mean(window)), "flops": pos["flops"], "train_seconds": pos["train_seconds"],
-               "transition_seconds": pos.get("transition_seconds", 0.0), "examples": pos["examples"],
-               "tokens": pos["examples"] * tokens_per or None}
+        timer.pause(state)
+        self._at_boundary(state, held, stage, float(np.mean(window)), lr, done, due_eval, due_ckpt, progress)
         window.clear()
-        if due_eval:
-          ev = self.evaluate(eval_fn, state.params)
-          self._last_eval = (pos["global_step"], ev)
-          rec.update(ev if cfg.family == "deit" else {"eval_loss": ev["eval_loss"]})
-          if done:
-            rec["event"] = "end_of_stage"
-        self.writer.write(rec)
-        if progress is not None:
-          progress.set_postfix(loss=f"{rec['train_loss']:.3f}", level=stage.level)
-        if due_ckpt:
-          self.save(state, snaps, pos)
-        resume()
+        timer.start()
     if pending is not None:
-      fetch(pending)
+      self._fetch_loss(pending, stage, cfg)
     return state
 
-  def finish(self, state: TrainState, pos: dict) -> dict:
+  def _fetch_loss(self, pending, stage: Stage, cfg) -> float:
+    g, metrics = pending
+    loss = float(jax.device_get(metrics["loss"]))
+    if not math.isfinite(loss):
+      raise FloatingPointError(
+          f"Training loss is {loss} at global step {g} (stage {stage.name}, level {stage.level}, "
+          f"L{cfg.num_layers}/d{cfg.width}). Nothing was saved after it; the last good checkpoint is in "
+          f"{self.ckpt.directory}. Lower train.lr, lengthen warm-up, or check the data.")
+    return loss
+
+  def _at_boundary(self, state, held, stage: Stage, train_loss: float, lr: float, done: bool, due_eval: bool,
+                   due_ckpt: bool, progress) -> None:
+    """Logs the window's record, evaluates and saves as due; called with the stage timer paused."""
+    pos, cfg = self.pos, self.plan.levels[stage.level]
+    tokens_per = tokens_per_example(cfg) if M.family_of(cfg).is_text else 0
+    rec = {"step": pos.global_step, "stage": stage.index, "level": stage.level, "lr": lr, "train_loss": train_loss,
+           "flops": pos.flops, "train_seconds": pos.train_seconds, "transition_seconds": pos.transition_seconds,
+           "examples": pos.examples, "tokens": pos.examples * tokens_per or None}
+    if due_eval:
+      ev = self.evaluate(self.eval_fn(stage.level), state.params)
+      self.last_eval = (pos.global_step, ev)
+      rec.update(self._eval_fields(ev))
+      if done:
+        rec["event"] = "end_of_stage"
+    self.writer.write(rec)
+    if progress is not None:
+      progress.set_postfix(loss=f"{train_loss:.3f}", level=stage.level)
+    if due_ckpt:
+      self.save(state, held)
+
+  def finish(self, state: TrainState) -> dict:
     self.ckpt.wait()
-    last = self.plan.stages[-1]
-    step, ev = getattr(self, "_last_eval", (None, None))
-    if step != pos["global_step"]:  # Not evaluated at the end of training in this process (e.g. a finished run).
-      _, _, eval_fn = self.steps_for(last)
-      ev = self.evaluate(eval_fn, state.params)
+    pos, last = self.pos, self.plan.stages[-1]
+    step, ev = self.last_eval or (None, None)
+    if step != pos.global_step:  # Not evaluated at the end of training in this process (e.g. a finished run).
+      ev = self.evaluate(self.eval_fn(last.level), state.params)
     per_stage = []
-    for st, rec in zip(self.plan.stages, pos["per_stage"]):
+    for st, rec in zip(self.plan.stages, pos.per_stage):
       c = self.plan.levels[st.level]
-      per_stage.append(dict(rec, kind=st.kind, level=st.level, model=f"L{c.num_layers}/d{c.width}/h{c.num_heads}",
+      per_stage.append(dict(vars(rec), kind=st.kind, level=st.level, model=f"L{c.num_layers}/d{c.width}/h{c.num_heads}",
                             params=M.num_params(M.abstract_params(c))))
     summary = {
         "final_eval_loss": ev["eval_loss"],
-        "final_eval_accuracy": ev["eval_accuracy"] if self.model_family == "deit" else None,
-        "total_flops": pos["flops"],
-        "train_seconds": pos["train_seconds"],
-        "compile_seconds": pos.get("compile_seconds", 0.0),
-        "transition_seconds": pos.get("transition_seconds", 0.0),  # Operators at level changes (not compiles).
-        "steps": pos["global_step"],
-        "examples": pos["examples"],
+        "final_eval_accuracy": ev["eval_accuracy"] if M.family_of(self.model).reports_accuracy else None,
+        "total_flops": pos.flops,
+        "train_seconds": pos.train_seconds,
+        "compile_seconds": pos.compile_seconds,
+        "transition_seconds": pos.transition_seconds,  # Operators at level changes (not compiles).
+        "steps": pos.global_step,
+        "examples": pos.examples,
+        "epochs": pos.examples / max(self.info.num_train_examples, 1),  # Passes over the training split.
         "levels": len(self.plan.levels),
+        "method": self.plan.method,
         "per_stage": per_stage,
         "params_sha256": params_digest(state.params),
         "data": self.info.description,
+        "num_train_examples": self.info.num_train_examples,
+        "model": self.model.to_dict(),
     }
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
-    self.writer.close()
-    self.ckpt.close()
-    self.train_iter.close()
+    self.close()
     logging.info("Done: eval loss %.4f, %.3g FLOPs, %.1f s of training. Summary: %s", summary["final_eval_loss"],
                  summary["total_flops"], summary["train_seconds"], os.path.join(self.workdir, "summary.json"))
     return summary
 
   def _progress(self, initial: int):
-    if not (self.is_main and bool(self.config.progress)):
+    if not (self.is_main and self.config.progress):
       return None
     from tqdm import tqdm
     return tqdm(total=self.plan.total_steps, initial=initial, unit="step", dynamic_ncols=True)
 
 
+class _StageTimer:
+  """Training seconds of one stage: ``start()`` and ``pause(state)`` (which first waits for the dispatched steps)."""
+
+  def __init__(self, pos: RunPosition, stage: int):
+    self._pos, self._stage = pos, stage
+    self._t0 = time.perf_counter()
+
+  def start(self) -> None:
+    self._t0 = time.perf_counter()
+
+  def pause(self, state: TrainState) -> None:
+    jax.block_until_ready(state.params)
+    self._pos.add_train_seconds(self._stage, time.perf_counter() - self._t0)
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs (or resumes) the whole plan of ``config`` in ``workdir``; returns the summary dict."""
-  return Runner(config, workdir).run()
+  with Runner(config, workdir) as runner:
+    return runner.run()

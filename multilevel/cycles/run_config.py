@@ -1,52 +1,101 @@
-"""From a run's ConfigDict to the typed pieces: the model config, the objective, the config a checkpoint records."""
+"""A run's config, typed once at the boundary, and what is derived from it: the model, the objective, the JSON record.
+
+The command line and the config files keep ``ml_collections.ConfigDict`` (``--config.train.lr=...``);
+``RunConfig.from_config`` turns it into frozen dataclasses (``TrainConfig``, ``CycleConfig``, ``CheckpointConfig``,
+the data package's ``DataConfig``) that hold every default once and refuse unknown keys. The library reads
+attributes only.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
-from multilevel.models import ModelConfig
+from multilevel.checkpoint import CheckpointConfig
+from multilevel.cycles.vcycle import CycleConfig
+from multilevel.models import ModelConfig, family_of
+from multilevel.train.config import TrainConfig
 from multilevel.train.objectives import ObjectiveConfig
+from multilevel.typed_config import ConfigError, as_mapping, section_from
 
 # Settings that do not change what is trained; a resumed run may change them freely.
 NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices")
 
 
-def data_kind(model: ModelConfig) -> str:
-  return "images" if model.family == "deit" else "text"
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The whole run, typed. ``model`` stays a dict: sizes left at 0 are filled from the data (``model_config``)."""
+
+  model: dict
+  data: Any
+  train: TrainConfig
+  cycle: CycleConfig
+  checkpoint: CheckpointConfig
+  init_from: str = ""  # A Hugging Face checkpoint (directory or file) to start the target model from.
+  progress: bool = True
+  tensorboard: bool = True
+
+  @classmethod
+  def from_config(cls, c) -> "RunConfig":
+    if isinstance(c, RunConfig):
+      return c
+    d = as_mapping(c)
+    sections = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - sections)
+    if unknown:
+      raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} at the top of the "
+                        f"config; valid keys: {', '.join(f.name for f in dataclasses.fields(cls))}.")
+    model = as_mapping(d.get("model"))
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    if set(model) - fields:
+      raise ConfigError(f"unknown key {', '.join('model.' + k for k in sorted(set(model) - fields))}; valid keys "
+                        f"of 'model': {', '.join(f.name for f in dataclasses.fields(ModelConfig))}.")
+    return cls(model=model, data=d.get("data"),  # Typed by the data package (make_data) at its boundary.
+               train=section_from(TrainConfig, d.get("train"), "train"),
+               cycle=section_from(CycleConfig, d.get("cycle"), "cycle"),
+               checkpoint=section_from(CheckpointConfig, d.get("checkpoint"), "checkpoint"),
+               init_from=str(d.get("init_from", "") or ""), progress=bool(d.get("progress", True)),
+               tensorboard=bool(d.get("tensorboard", True)))
 
 
-def model_config(config, info) -> ModelConfig:
-  """The target model; sizes left at 0 (vocabulary, classes, channels) are taken from the data."""
-  d = dict(config.model.to_dict() if hasattr(config.model, "to_dict") else config.model)
+def model_config(run, info) -> ModelConfig:
+  """The target model of ``run`` (a RunConfig or a ConfigDict); sizes left at 0 (vocabulary, classes, channels) are
+  taken from the data (``info``)."""
+  d = dict(RunConfig.from_config(run).model)
+  text = family_of(d.get("family", "gpt")).is_text
   if info is not None:
-    if d.get("family") != "deit":
+    if text:
       if not d.get("vocab_size"):
         d["vocab_size"] = int(info.vocab_size)
       elif d["vocab_size"] < info.vocab_size:
-        raise ValueError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's {info.vocab_size} "
-                         f"tokens; set it to 0 to use the tokenizer's size.")
+        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's {info.vocab_size} "
+                          f"tokens; set it to 0 to use the tokenizer's size.")
     else:
       if not d.get("num_classes"):
         d["num_classes"] = int(info.num_classes)
       if not d.get("num_channels"):
         d["num_channels"] = int(info.image_shape[-1])
-  for key, placeholder in (("vocab_size", 1), ("num_classes", 1), ("num_channels", 1)):
-    d[key] = d.get(key) or placeholder
+  for key in ("vocab_size", "num_classes", "num_channels"):
+    d[key] = d.get(key) or 1  # A placeholder where the data decides and is not loaded yet.
   return ModelConfig.from_dict(d)
 
 
-def objective_config(config, info) -> ObjectiveConfig:
-  tc = config.train
+def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfig:
+  tc = run.train
   mask_id = getattr(info, "mask_id", None)
-  if config.model.family == "bert" and mask_id is None:
-    raise ValueError("BERT needs a tokenizer with a '<mask>' (or '[MASK]') token; the loaded one has none.")
-  return ObjectiveConfig(mask_id=int(mask_id or 0), pad_id=-1, mlm_prob=float(tc.mlm_prob),
-                         label_smoothing=float(tc.label_smoothing), mixup_alpha=float(tc.mixup_alpha))
+  if family_of(model).objective == "mlm" and (mask_id is None or mask_id < 0):
+    raise ConfigError("Masked-LM training needs a tokenizer with a '<mask>' (or '[MASK]') token; the loaded one has "
+                      "none. Train one here (leave data.tokenizer empty) or give a tokenizer that has it.")
+  return ObjectiveConfig(mask_id=int(mask_id or 0), pad_id=-1, mlm_prob=tc.mlm_prob, label_smoothing=tc.label_smoothing,
+                         mixup_alpha=tc.mixup_alpha)
 
 
-def resolved_config(config, model: ModelConfig) -> dict:
+def resolved_config(run: RunConfig, model: ModelConfig) -> dict:
   """The JSON form of everything that determines the trained parameters (checked when a run resumes)."""
-  d = json.loads(json.dumps(config.to_dict(), default=str))
+  d = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+  d = json.loads(json.dumps({k: as_mapping(v) if dataclasses.is_dataclass(v) else v for k, v in d.items()},
+                            default=str))
   d["model"] = json.loads(json.dumps(model.to_dict()))
   for key in NOT_RECORDED:
     parts = key.split(".")

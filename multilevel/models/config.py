@@ -46,7 +46,7 @@ class ModelConfig:
   def __post_init__(self):
     from multilevel.models.family import REGISTRY
     if self.family not in REGISTRY:
-      raise ValueError(f"ModelConfig.family must be one of {sorted(REGISTRY)}, got {self.family!r}.")
+      raise ValueError(f"ModelConfig.family must be one of {list(REGISTRY)}, got {self.family!r}.")
     for name in ("num_layers", "num_heads", "head_dim", "ffn_ratio"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}.")

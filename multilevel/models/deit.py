@@ -23,7 +23,7 @@ class Deit(nn.Module):
   @nn.compact
   def __call__(self, images_BxHxWxC, train: bool = False):
     cfg = self.cfg
-    check_images(cfg, images_BxHxWxC)
+    check_images(cfg, images_BxHxWxC, "DeiT")
     p = cfg.patch_size
     x = nn.Conv(cfg.width, (p, p), strides=(p, p), padding="VALID", kernel_init=dense_init(), name="patch")(
         images_BxHxWxC.astype(compute_dtype(cfg)))

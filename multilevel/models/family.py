@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from multilevel.registry import Registry
+
 MODALITIES = ("text", "images")
 
 
@@ -63,19 +65,10 @@ class Family:
     return self.objective == "classification"
 
 
-REGISTRY: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-  if family.name in REGISTRY:
-    raise ValueError(f"Model family {family.name!r} is registered twice.")
-  REGISTRY[family.name] = family
-  return family
+REGISTRY: Registry[Family] = Registry("model family", "model.family")
+register = REGISTRY.register
 
 
 def family_of(cfg_or_name) -> Family:
   """The ``Family`` of a ``ModelConfig`` (or of a family name)."""
-  name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.family
-  if name not in REGISTRY:
-    raise ValueError(f"Unknown model family {name!r}; known families: {sorted(REGISTRY)}.")
-  return REGISTRY[name]
+  return REGISTRY.get(cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.family)

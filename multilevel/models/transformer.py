@@ -43,11 +43,11 @@ def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
                        f"The tokenizer and the model disagree: set model.vocab_size to the tokenizer's size.")
 
 
-def check_images(cfg: ModelConfig, images_BxHxWxC) -> None:
+def check_images(cfg: ModelConfig, images_BxHxWxC, model: str = "The model") -> None:
   """Refuses images of another size or channel count than the model was built for (checked at trace time)."""
   want = (cfg.image_size, cfg.image_size, cfg.num_channels)
   if images_BxHxWxC.ndim != 4 or tuple(images_BxHxWxC.shape[1:]) != want:
-    raise ValueError(f"The model expects images of shape (batch, {want[0]}, {want[1]}, {want[2]}) "
+    raise ValueError(f"{model} expects images of shape (batch, {want[0]}, {want[1]}, {want[2]}) "
                      f"(image_size={cfg.image_size}, num_channels={cfg.num_channels}), got "
                      f"{tuple(images_BxHxWxC.shape)}; resize the images or build the model for their size.")
 

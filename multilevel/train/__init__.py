@@ -3,5 +3,6 @@
 from multilevel.train.flops import forward_flops_per_example, train_flops_per_step
 from multilevel.train.objectives import OBJECTIVES, ObjectiveConfig, mlm_corrupt, objective_of, tokens_per_example
 from multilevel.train.optim import LrSchedule, OptimConfig, carry_moments, decay_mask
-from multilevel.train.step import (StepConfig, aot_train_step, TrainState, batch_sharding, compiled_steps, eval_sums_fn, make_mesh,
-                                   put_batch, replicated, train_step_fn)
+from multilevel.train.evaluate import Evaluator
+from multilevel.train.step import (StepConfig, Steps, TrainState, build_steps, eval_step, make_mesh, put_batch,
+                                   replicated, train_step_fn)

@@ -83,8 +83,19 @@ def _sum_aux(a, b):
   return jax.tree.map(jnp.add, a, b)
 
 
-def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
-  """``(state, batch, step) -> (state, metrics)``; ``step`` (global, int32) seeds dropout and masking."""
+def _schedule_count(opt_state):
+  """The optimizer's learning-rate schedule position (optax's ``ScaleByScheduleState.count``), if it has one."""
+  is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  for leaf in jax.tree.leaves(opt_state, is_leaf=is_sched):
+    if is_sched(leaf):
+      return leaf.count
+  return None
+
+
+def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation, schedule: optax.Schedule | None = None):
+  """``(state, batch, step) -> (state, metrics)``; ``step`` (global, int32) seeds dropout and masking.
+
+  With ``schedule`` (the one inside ``tx``) the metrics report the learning rate this step applied."""
   loss_fn = objective_of(sc.model)
 
   def grads_of(params, micro, rng):
@@ -112,6 +123,7 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
       zeros_aux = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), zeros_aux)
       (grads, aux), _ = jax.lax.scan(body, (zeros_g, zeros_aux), (micro, jnp.arange(sc.grad_accum)))
       grads = jax.tree.map(lambda g: g / sc.grad_accum, grads)
+    count = _schedule_count(state.opt_state)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {
@@ -119,6 +131,8 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation):
         "accuracy": aux["correct"] / jnp.maximum(aux["count"], 1.0),
         "grad_norm": optax.tree.norm(grads),
     }
+    if schedule is not None and count is not None:
+      metrics["lr"] = jnp.asarray(schedule(count), jnp.float32)
     return TrainState(params, opt_state), metrics
 
   return step
@@ -135,24 +149,46 @@ def eval_sums_fn(sc: StepConfig):
   return ev
 
 
+@dataclasses.dataclass(eq=False)
+class Steps:
+  """The compiled pieces of one (model shape, objective, optimizer) on a mesh: build them with ``build_steps``.
+
+  ``tx`` is the optimizer, ``train(state, batch, step) -> (state, metrics)`` the jitted train step (donating its
+  state; ``metrics`` hold ``loss``, ``accuracy``, ``grad_norm`` and the ``lr`` the step used), ``eval(params, batch,
+  index) -> sums`` the jitted evaluation, ``lr`` the learning-rate schedule. ``compile_train`` returns the train
+  step compiled ahead of time for given inputs, cached here, so that compilation stays out of timed regions.
+  """
+
+  tx: optax.GradientTransformation
+  train: Any
+  eval: Any
+  lr: optax.Schedule
+  mesh: Any
+  _compiled: dict = dataclasses.field(default_factory=dict)
+
+  def init_state(self, params) -> TrainState:
+    return TrainState(params, self.tx.init(params))
+
+  def compile_train(self, state: TrainState, batch: dict, global_step):
+    key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
+    if key not in self._compiled:
+      self._compiled[key] = self.train.lower(state, batch, global_step).compile()
+    return self._compiled[key]
+
+
 @functools.lru_cache(maxsize=32)
-def compiled_steps(sc: StepConfig, oc: OptimConfig, mesh):
-  """``(tx, train_step, eval_sums)`` for one level shape and optimizer, jitted once and cached."""
+def eval_step(sc: StepConfig, mesh):
+  """The jitted ``(params, batch, index) -> sums`` of one model and objective (shared by every optimizer)."""
+  rep, bat = replicated(mesh), batch_sharding(mesh)
+  return jax.jit(eval_sums_fn(sc), in_shardings=(rep, bat, rep), out_shardings=rep)
+
+
+@functools.lru_cache(maxsize=32)
+def build_steps(sc: StepConfig, oc: OptimConfig, mesh) -> Steps:
+  """The ``Steps`` of one model shape, objective and optimizer on ``mesh``: jitted once per process and cached; the
+  one way the driver, the tests and the benchmarks build a train step."""
   tx = oc.build()
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  train = jax.jit(train_step_fn(sc, tx), in_shardings=(rep, bat, rep), out_shardings=(rep, rep),
-                  donate_argnums=(0,))
-  ev = jax.jit(eval_sums_fn(sc), in_shardings=(rep, bat, rep), out_shardings=rep)
-  return tx, train, ev
-
-
-_AOT: dict = {}
-
-
-def aot_train_step(sc: StepConfig, oc: OptimConfig, mesh, state, batch, global_step):
-  """The train step compiled ahead of time for these exact input shapes (cached per process)."""
-  key = (sc, oc, mesh, tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items())))
-  if key not in _AOT:
-    _, train, _ = compiled_steps(sc, oc, mesh)
-    _AOT[key] = train.lower(state, batch, global_step).compile()
-  return _AOT[key]
+  train = jax.jit(train_step_fn(sc, tx, oc.schedule.build()), in_shardings=(rep, bat, rep),
+                  out_shardings=(rep, rep), donate_argnums=(0,))
+  return Steps(tx, train, eval_step(sc, mesh), oc.schedule.build(), mesh)

@@ -1,0 +1,129 @@
+"""A training method as data: the ``Plan`` (models and stages) and the named ``Transition`` between two stages.
+
+A method is a plan builder plus its transitions (``Method``). The plan lists the models (``levels``) and the
+training stages in order; each stage trains one of those models for some steps with its own optimizer config. Between
+two stages the driver runs the method's transition into the next stage: a pure function, built from the operators
+and jitted once, that maps the current parameters, optimizer state and held snapshots to the next stage's, and
+returns the intermediate trees worth evaluating (after coalescing, after de-coalescing, ...). The driver owns the
+loop, timing, evaluation, logging and checkpoints; the method stays out of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from multilevel.models import ModelConfig
+from multilevel.registry import Registry
+from multilevel.train.optim import LrSchedule, OptimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One stretch of training: ``steps`` steps of model ``level`` with optimizer ``optim``.
+
+  ``kind`` is a label for logs and summaries (the V-cycle's 'scratch' | 'down' | 'bottom' | 'up'); ``enter`` names
+  how the parameters arrive ('init' for the first stage, else the method's transition into this stage); ``held``
+  lists the levels whose snapshot trees are kept while this stage trains (the checkpoint stores them).
+  """
+
+  index: int
+  level: int  # Index into ``Plan.levels``; 0 is the target model.
+  kind: str
+  enter: str
+  steps: int
+  optim: OptimConfig
+  held: tuple[int, ...] = ()
+
+  @property
+  def lr(self) -> LrSchedule:
+    return self.optim.schedule
+
+  @property
+  def name(self) -> str:
+    return f"{self.index}:{self.kind}@L{self.level}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The whole schedule of a run: which models, which stages, and the method's options for its transitions."""
+
+  method: str
+  levels: tuple[ModelConfig, ...]  # levels[k] is the model of level k; levels[0] the target.
+  stages: tuple[Stage, ...]
+  options: Any = None  # The method's typed options, read by its transitions.
+  maps: tuple = ()  # Level maps between consecutive levels, for methods that use the operators' LevelMap.
+  seed: int = 0  # The run's seed: transitions that draw random numbers fold it in.
+
+  @property
+  def total_steps(self) -> int:
+    return sum(s.steps for s in self.stages)
+
+  def snapshots_before(self, stage_index: int) -> tuple[int, ...]:
+    """Levels whose snapshot is held when ``stage_index`` starts (after its transition): the one record of them."""
+    return self.stages[stage_index].held
+
+  def describe(self) -> str:
+    lines = [f"{self.method}: {len(self.levels)}-level plan, {self.total_steps} steps:"]
+    for s in self.stages:
+      c = self.levels[s.level]
+      lines.append(f"  stage {s.name}: enter by {s.enter}, L{c.num_layers}/d{c.width}/h{c.num_heads}, {s.steps} steps, "
+                   f"lr peak {s.lr.peak:g} warmup {s.lr.warmup} decay {s.lr.decay}")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+  """A named, pure move from one stage's state to the next stage's, as an ordered tuple of named parts.
+
+  The state flows through the parts as a dict ``carry``: ``params``, ``opt_state``, ``taken`` (the snapshots this
+  transition consumes, ``takes``: levels), ``put`` (the snapshots it creates, ``puts``) and the intermediate trees
+  worth evaluating, under their event names (``probe_levels``: event -> level of the model that evaluates it). A part
+  is ``(name, fn)`` with ``fn(carry) -> updates``; each part is jitted as one program, so an operator rounds exactly
+  as it does when called alone (XLA would round a fused composition differently). The resulting parameters are
+  evaluated last, logged as ``final_event``.
+
+  ``t(params, opt_state, taken) -> (params, opt_state, put, probes)`` runs it (each part jitted); the driver runs
+  the same parts compiled ahead of time (``run(carry, compile)``) to keep compilation out of the timed region.
+  """
+
+  name: str
+  parts: tuple[tuple[str, Callable[[dict], dict]], ...]
+  final_event: str
+  takes: tuple[int, ...] = ()
+  puts: tuple[int, ...] = ()
+  probe_levels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+  def run(self, carry: dict, compile_part: Callable[[Callable, dict], Callable]) -> dict:
+    """Runs the parts in order; ``compile_part(fn, carry)`` returns the executable of each (e.g. ``jax.jit``)."""
+    carry = dict(carry, put={}, **{"taken": carry.get("taken", {})})
+    for _, fn in self.parts:
+      carry.update(compile_part(fn, carry)(carry))
+    return carry
+
+  def __call__(self, params, opt_state, taken):
+    import jax  # Deferred: keeps this module importable without initialising JAX.
+    out = self.run({"params": params, "opt_state": opt_state, "taken": taken},
+                   lambda fn, carry: jax.jit(fn))
+    return out["params"], out["opt_state"], out["put"], {k: out[k] for k in self.probe_levels}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A growth method: ``build_plan(model, cycle, train) -> Plan`` and ``transition(plan, src, dst) -> Transition``."""
+
+  name: str
+  build_plan: Callable[..., Plan]
+  transition: Callable[[Plan, Stage, Stage], Transition]
+  description: str = ""
+
+
+METHODS: Registry[Method] = Registry("method", "cycle.method")
+register_method = METHODS.register
+method_of = METHODS.get
+
+
+def optim_for(schedule: LrSchedule, train) -> OptimConfig:
+  """The stage optimizer: AdamW with the run's hyperparameters (``train``: a TrainConfig) and ``schedule``."""
+  return OptimConfig(schedule, float(train.weight_decay), float(train.b1), float(train.b2), float(train.eps),
+                     float(train.grad_clip))

@@ -1,0 +1,219 @@
+"""The multi-level V-cycle (Zou, Zhang & Deng, ICLR 2024) as a method: its options, plan and transitions.
+
+``build_plan`` turns the ``cycle`` and ``train`` sections of a config into a ``Plan``. With ``levels = 1`` the plan is
+one stage of plain training from scratch (the baseline); with ``K`` levels it is
+
+  down:   train level 0 (the target) for down_fracs[0]*T steps, coalesce; ... down to level K-1,
+  bottom: train level K-1 for small_frac*T steps,
+  up:     grow + interpolate into level K-2, train up_fracs[K-2]*T; ... ; finally level 0 for up_fracs[0]*T.
+
+Every per-level list (down_fracs, up_fracs, lr_scales) is indexed by level, the target model first, so one list
+serves any number of levels (it is cut to the levels used). The default proportions are the reference GPT-2
+example's (method.md 7.2), scaled to the budget T: 5% warm-up-only steps on the big model, 50% on the small one at 4x
+the learning rate, 50% on the big one, fresh AdamW each stage.
+
+The two transitions are pure functions of the plan: ``coalesce`` (keep this level's parameters as the snapshot the
+way back up interpolates with, then coalesce) and ``grow`` (de-coalesce, optional split noise, interpolate with the
+held snapshot of the same level: never another run's model, the reference's bug B1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from multilevel import models as M
+from multilevel import operators as O
+from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
+from multilevel.models import ModelConfig
+from multilevel.operators.mapping import DEPTH_GROWTH, DEPTH_MODES
+from multilevel.train.config import TrainConfig
+from multilevel.train.optim import LrSchedule, carry_moments
+from multilevel.typed_config import ConfigError, section_from
+
+OPT_POLICIES = ("reset", "carry")
+FINAL_SCHEDULES = ("restart", "baseline_tail")
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleConfig:
+  """The ``cycle`` section: which method, and the V-cycle's knobs. Each default lives here and nowhere else.
+
+  The defaults are what won in ``benchmarks/`` for the pre-LN families (README, "Does it save compute?"); the family
+  config files override them (BERT keeps the reference growth), and ``,reference`` after the size restores the
+  paper's protocol.
+  """
+
+  method: str = "vcycle"  # A registered method (multilevel.cycles.METHODS).
+  levels: int = 2  # 1 = plain training from scratch (the baseline).
+  width_factor: int = 2
+  depth_factor: int = 2
+  depth_mode: str = "adjacent"  # adjacent (paper) | stride (reference L6-H6.json)
+  width_schemes: Any = ""  # JSON (or a list): one width scheme per transition, e.g. "[[[0,2],[1,3]]]"; '' = halve.
+  depth_schemes: Any = ""
+  embed_factor: float = 0.0  # 0 = the group size (the reference's 2 for pairs).
+  preln_exact: bool = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2).
+  depth_growth: str = "zero"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN)
+  # Per level, target model first; cut to the number of levels used.
+  down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
+  small_frac: float = 0.5  # Steps at the smallest level.
+  up_fracs: tuple[float, ...] = (0.5, 0.25, 0.25)  # Steps at each level after growing back (level 0 = the end).
+  lr_scales: tuple[float, ...] = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
+  w_pre: float = 0.5  # Interpolation weight of the pre-coalescing model.
+  split_noise: float = 0.0  # >0: zero-sum noise on the grown copies' read side (keeps the function).
+  optimizer_policy: str = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
+  transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
+  final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
+  restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
+
+  def __post_init__(self):
+    if self.levels < 1:
+      raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
+    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES),
+               ("depth_mode", DEPTH_MODES), ("depth_growth", DEPTH_GROWTH))
+    for name, allowed in choices:
+      if getattr(self, name) not in allowed:
+        raise ConfigError(f"cycle.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+    if not 0.0 <= self.w_pre <= 1.0:
+      raise ConfigError(f"cycle.w_pre (weight of the pre-coalescing model) must be in [0, 1], got {self.w_pre}.")
+    if not self.split_noise >= 0.0:
+      raise ConfigError(f"cycle.split_noise (relative noise that breaks the copies' symmetry after growth) must be "
+                        f">= 0, got {self.split_noise}; 0 turns it off.")
+    if not 0.0 <= self.transition_warmup_frac <= 1.0:
+      raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
+
+
+def _schemes(value: Any, name: str, n: int) -> list:
+  """One scheme (or None) per transition from a JSON string ('' = all default) or a list."""
+  if value is None or value == "" or value == ():
+    return [None] * n
+  if isinstance(value, str):
+    try:
+      value = json.loads(value)
+    except json.JSONDecodeError as e:
+      raise ConfigError(f"cycle.{name} is not valid JSON ({e.msg} at character {e.pos}): {value!r}. Give one scheme "
+                        f"per level transition, e.g. '[[[0, 2], [1, 3]]]' for one transition.") from None
+  if not isinstance(value, (list, tuple)) or len(value) != n:
+    got = len(value) if isinstance(value, (list, tuple)) else type(value).__name__
+    raise ConfigError(f"cycle.{name} needs one scheme per level transition ({n} for {n + 1} levels), got {got}: "
+                      f"{value!r}. Use null for a transition that keeps the default halving.")
+  return list(value)
+
+
+def _tuple(v, n: int, name: str) -> tuple:
+  v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+  if len(v) < n:
+    raise ConfigError(f"cycle.{name} needs at least {n} entries for this number of levels, got {list(v)}.")
+  return v[:n]
+
+
+def _positive(n: int, name: str) -> int:
+  if n < 1:
+    raise ConfigError(f"cycle.{name} gives {n} steps at this budget; raise the fraction or train.steps.")
+  return n
+
+
+def build_plan(model: ModelConfig, cycle, train) -> Plan:
+  """The V-cycle plan for target ``model`` from the ``cycle`` and ``train`` sections (typed, or ConfigDicts)."""
+  cycle = section_from(CycleConfig, cycle, "cycle")
+  train = section_from(TrainConfig, train, "train")
+  k, total = cycle.levels, train.steps
+  lr, decay = train.lr, train.decay
+  opt = lambda schedule: optim_for(schedule, train)
+
+  if k == 1:
+    warm = round(train.warmup_frac * total)
+    stage = Stage(0, 0, "scratch", "init", total, opt(LrSchedule(lr, total, warm, decay)))
+    return Plan("vcycle", (model,), (stage,), cycle, (), train.seed)
+
+  widths = _schemes(cycle.width_schemes, "width_schemes", k - 1)
+  depths = _schemes(cycle.depth_schemes, "depth_schemes", k - 1)
+  maps, cfg = [], model
+  for i in range(k - 1):
+    m = O.make_mapping(cfg, width=widths[i], depth=depths[i], width_factor=cycle.width_factor,
+                       depth_factor=cycle.depth_factor, depth_mode=cycle.depth_mode,
+                       embed_factor=cycle.embed_factor or None, preln_exact=cycle.preln_exact,
+                       depth_growth=cycle.depth_growth)
+    maps.append(m)
+    cfg = m.small
+  levels = (model,) + tuple(m.small for m in maps)
+
+  scales = _tuple(cycle.lr_scales, k, "lr_scales")
+  down = _tuple(cycle.down_fracs, k - 1, "down_fracs")
+  up = _tuple(cycle.up_fracs, k - 1, "up_fracs")
+  tw = cycle.transition_warmup_frac
+  steps_of = lambda frac, name: _positive(round(float(frac) * total), name)
+
+  stages, held = [], []
+  for lvl in range(k - 1):
+    n = steps_of(down[lvl], f"down_fracs[{lvl}]")
+    # Reference stage 1: linear warm-up over the whole stage, stopping at the peak.
+    stages.append(Stage(len(stages), lvl, "down", "init" if lvl == 0 else "coalesce", n,
+                        opt(LrSchedule(lr * float(scales[lvl]), n, n, "constant")), tuple(held)))
+    held.append(lvl)  # Coalescing this level keeps it as the interpolation partner of the way back up.
+  n = steps_of(cycle.small_frac, "small_frac")
+  stages.append(Stage(len(stages), k - 1, "bottom", "coalesce", n,
+                      opt(LrSchedule(lr * float(scales[k - 1]), n, round(tw * n), decay)), tuple(held)))
+  for lvl in range(k - 2, -1, -1):
+    n = steps_of(up[lvl], f"up_fracs[{lvl}]")
+    peak = lr * float(scales[lvl])
+    if lvl == 0 and cycle.final_schedule == "baseline_tail":
+      # Continue where the baseline's linear decay would be with n steps left, instead of restarting at the peak.
+      warm_base = round(train.warmup_frac * total)
+      peak = lr * min(1.0, n / max(total - warm_base, 1))
+    held.remove(lvl)  # Growing into this level consumes its snapshot.
+    stages.append(Stage(len(stages), lvl, "up", "grow", n, opt(LrSchedule(peak, n, round(tw * n), decay)),
+                        tuple(sorted(held))))
+  return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
+
+
+def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
+  """The V-cycle's move from ``src`` into ``dst``: coalesce one level down, or grow one level up."""
+  cycle: CycleConfig = plan.options
+  if dst.enter == "coalesce":
+    m = plan.maps[src.level]
+    # This level, right now, is the interpolation partner of the way back up.
+    coalesce = lambda c: {"params": O.coalesce(c["params"], m), "put": {src.level: c["params"]}}
+    return _complete(plan, dst, "coalesce", [("coalesce", coalesce)], "after_coalesce", (), (src.level,), {},
+                     lambda t: O.coalesce(t, m, check=False))
+  if dst.enter == "grow":
+    m = plan.maps[dst.level]
+    noise, seed = cycle.split_noise, plan.seed + 1000 + dst.index
+
+    def grow(c):
+      grown = O.decoalesce(c["params"], m)
+      return {"after_decoalesce": O.split_noise(grown, m, scale=noise, seed=seed) if noise else grown}
+
+    def interpolate(c):
+      return {"params": O.interpolate(c["after_decoalesce"], c["taken"][dst.level], w_pre=cycle.w_pre)}
+
+    return _complete(plan, dst, "grow", [("grow", grow), ("interpolate", interpolate)], "after_interpolate",
+                     (dst.level,), (), {"after_decoalesce": dst.level}, lambda t: O.decoalesce(t, m, check=False))
+  raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
+
+
+def _complete(plan: Plan, dst: Stage, name, parts, event, takes, puts, probe_levels, opt_map) -> Transition:
+  """The transition's own parts followed by the restart control (random weights instead of the transferred ones,
+  which then become an intermediate probe: the control shows what the schedule alone is worth) and the next
+  stage's optimizer state: fresh (the paper), or Adam's moments carried through ``opt_map``."""
+  parts, probe_levels = list(parts), dict(probe_levels)
+  final = event
+  if plan.options.restart_control:
+    # Drawn eagerly, as a model's initial parameters always are (under jit the same key gives other bits).
+    random = M.init_params(plan.levels[dst.level], plan.seed + 1 + dst.index)
+    parts.append(("restart_control", lambda c: {event: c["params"], "params": random}))
+    probe_levels[event], final = dst.level, "after_restart_control"
+
+  def optimizer(c):
+    fresh = dst.optim.build().init(c["params"])
+    if plan.options.optimizer_policy == "carry":
+      return {"opt_state": carry_moments(c["opt_state"], fresh, opt_map)}
+    return {"opt_state": fresh}
+
+  parts.append(("optimizer", optimizer))
+  return Transition(name, tuple(parts), final, takes, puts, probe_levels)
+
+
+VCYCLE = register_method(Method("vcycle", build_plan, transition,
+                                "The multi-level V-cycle: coalesce, train small, de-coalesce + interpolate."))

@@ -1,0 +1,51 @@
+"""The ``train`` section of a run's config, typed: the budget, the optimizer, the objective's knobs, logging."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from multilevel.train.optim import DECAYS
+from multilevel.typed_config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The ``train`` section: the budget, the optimizer, the objective's knobs, logging."""
+
+  steps: int = 600  # The budget T: steps of plain training; the V-cycle's stages are fractions of it.
+  batch_size: int = 32  # The global batch, over all devices and processes.
+  lr: float = 1e-3  # Peak learning rate of the target model.
+  warmup_frac: float = 0.05
+  decay: str = "linear"  # linear | cosine | constant
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  grad_clip: float = 1.0  # Global-norm clipping; 0 turns it off.
+  grad_accum: int = 1  # Microbatches per step (the batch is split into this many).
+  seed: int = 42
+  num_devices: int = 0  # 0: one device on CPU, all devices on GPU/TPU.
+  mlm_prob: float = 0.15
+  label_smoothing: float = 0.1
+  mixup_alpha: float = 0.0
+  log_every: int = 10
+  eval_every: int = 50  # 0: evaluate only at the end of each stage.
+
+  def __post_init__(self):
+    for name in ("steps", "batch_size", "grad_accum", "log_every"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}.")
+    for name in ("num_devices", "eval_every", "weight_decay", "grad_clip", "mixup_alpha"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}.")
+    if not self.lr > 0:
+      raise ConfigError(f"train.lr must be positive, got {self.lr}.")
+    if self.decay not in DECAYS:
+      raise ConfigError(f"train.decay must be one of {DECAYS}, got {self.decay!r}.")
+    if not 0 <= self.warmup_frac <= 1:
+      raise ConfigError(f"train.warmup_frac must be in [0, 1], got {self.warmup_frac}.")
+    if self.batch_size % self.grad_accum:
+      raise ConfigError(f"train.batch_size={self.batch_size} cannot be split into train.grad_accum="
+                        f"{self.grad_accum} equal microbatches; choose a batch size divisible by grad_accum.")
+    if not 0 <= self.mlm_prob <= 1 or not 0 <= self.label_smoothing < 1:
+      raise ConfigError("train.mlm_prob must be in [0, 1] and train.label_smoothing in [0, 1).")
