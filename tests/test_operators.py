@@ -78,7 +78,7 @@ def test_groups_of_three(family, preln_exact):
   Averaged axes (and the layer axis) are bit-exact for any group size: the mean is computed as
   ``x_first + sum(x_p - x_first) / n`` and the differences of a de-coalesced tree are exactly 0. Summed axes grow as
   ``y / 3`` and coalesce back as ``(y / 3) * 3``, which float32 rounds back to ``y`` only within one rounding (the
-  transfer.py docstring): measured at most 1 ulp, relative error 2**-23 = 1.19e-7, so rtol = 2.4e-7 (two ulps at the
+  coalescing.py docstring): measured at most 1 ulp, relative error 2**-23 = 1.19e-7, so rtol = 2.4e-7 (two ulps at the
   bottom of a binade) and atol = 0. GPT's residual output kernels with preln_exact have two summed axes (input
   summed, output scaled like the embedding): four roundings, measured up to 3 ulps and a relative error of
   2.38e-7 under jit, which rounds x / 3 as x * (1/3); they get twice the tolerance.

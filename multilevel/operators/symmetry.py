@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from multilevel.models import axes as A
 from multilevel.operators.mapping import GroupMap, LevelMap
-from multilevel.operators.transfer import _axis_rules, _bshape, _members, _roles, _segment_sum
+from multilevel.operators.coalescing import _axis_rules, _bshape, _members, _roles, _segment_sum
 from multilevel.models import check_params
 from multilevel.tree import flatten, unflatten
 

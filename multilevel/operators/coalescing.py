@@ -1,4 +1,4 @@
-"""Coalescing and de-coalescing: pure functions from parameter tree to parameter tree.
+"""Coalescing and de-coalescing (the paper's C and D): pure functions from parameter tree to parameter tree.
 
 Each parameter's axes carry a role from the family's table (``multilevel.models.axes``). Along an axis mapped by a
 group map g (large unit p -> small unit g(p), group sizes n), with a per-group factor s:
