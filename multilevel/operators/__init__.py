@@ -1,5 +1,7 @@
 """The multi-level operators as pure functions on parameter trees: coalescing (``coalesce``, ``decoalesce``),
 interpolation (``interpolate``) and symmetry breaking (``split_noise``), all driven by a ``LevelMap``.
+
+``LevelMap`` and ``GroupMap`` (``mapping.py``) also hold the public primitives the operators are built from.
 """
 
 from multilevel.models import check_params as check_matches_config

@@ -17,84 +17,32 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multilevel.models import FAMILY
 from multilevel.models import axes as A
-from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.models import check_params
+from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.tree import flatten, unflatten
 
 
-def _axis_rules(m: LevelMap, role: str) -> tuple[GroupMap, np.ndarray | None]:
-  """The group map and the per-small-unit factor (None for 1) of an axis role under ``m``."""
-  fam = FAMILY[m.large.family]
-  if role == A.LAYERS:
-    return m.layer_map, None
-  space, side = role.split(":")
-  gm = {"hidden": m.hidden_map, "heads": m.head_map, "ffn": m.ffn_map}[space]
-  if side == "out":
-    return gm, None
-  if side == "in":
-    return gm, gm.counts
-  embed_scale = None
-  if fam.tied_embedding:
-    embed_scale = gm.counts if m.embed_factor is None else np.full(gm.n_small, m.embed_factor)
-  if side == "embed":
-    return gm, embed_scale
-  if side == "residual":
-    return gm, embed_scale if m.preln_exact else None
-  raise ValueError(f"Unknown axis role {role!r}.")
-
-
-def _members(gm: GroupMap) -> np.ndarray | None:
-  """(n_small, k) large indices of each group, in index order, when every group has the same size k; else None."""
-  if len(set(gm.counts.tolist())) != 1:
-    return None
-  return np.argsort(gm.g, kind="stable").reshape(gm.n_small, int(gm.counts[0]))
-
-
-def _segment_sum(x, g: np.ndarray, n: int, axis: int, members: np.ndarray | None = None):
-  """Sums along ``axis`` the entries that ``g`` sends to the same small unit.
-
-  Equal groups (``members`` given) are gathered into a new axis of size k and reduced, several times faster on CPU
-  than XLA's scatter-add; unequal groups fall back to ``segment_sum``.
-  """
-  if members is not None:
-    y = jnp.take(x, jnp.asarray(members.reshape(-1)), axis=axis)
-    y = y.reshape(x.shape[:axis] + members.shape + x.shape[axis + 1:])
-    return jnp.sum(y, axis=axis + 1)
-  moved = jnp.moveaxis(x, axis, 0)
-  return jnp.moveaxis(jax.ops.segment_sum(moved, jnp.asarray(g), num_segments=n, indices_are_sorted=False), 0, axis)
-
-
-def _bshape(v: np.ndarray, ndim: int, axis: int):
-  shape = [1] * ndim
-  shape[axis] = -1
-  return v.reshape(shape)
-
-
 def _coalesce_axis(x, axis: int, gm: GroupMap, scale):
-  if len(gm.g) == gm.n_small and np.array_equal(gm.g, np.arange(gm.n_small)):
-    return x  # Identity map on this axis.
+  if gm.is_identity:
+    return x
   dt = x.dtype
-  anchor = jnp.take(x, jnp.asarray(gm.first[gm.g]), axis=axis)
-  diffs = _segment_sum(x - anchor, gm.g, gm.n_small, axis, _members(gm))
-  mean = jnp.take(x, jnp.asarray(gm.first), axis=axis) + diffs / _bshape(gm.counts.astype(dt), x.ndim, axis)
+  mean = gm.mean_groups(x, axis)
   if scale is not None:
-    mean = mean * _bshape(np.asarray(scale, dt), x.ndim, axis)
+    mean = mean * gm.broadcast(np.asarray(scale, dt), x.ndim, axis)
   return mean.astype(dt)
 
 
 def _decoalesce_axis(x, axis: int, gm: GroupMap, scale):
-  if len(gm.g) == gm.n_small and np.array_equal(gm.g, np.arange(gm.n_small)):
+  if gm.is_identity:
     return x
   dt = x.dtype
-  y = jnp.take(x, jnp.asarray(gm.g), axis=axis)
+  y = gm.duplicate(x, axis)
   if scale is not None:
-    y = y / _bshape(np.asarray(scale, dt)[gm.g], x.ndim, axis)
+    y = y / gm.broadcast(np.asarray(scale, dt)[gm.g], x.ndim, axis)
   return y.astype(dt)
 
 
@@ -102,37 +50,27 @@ def _depth_residual_coalesce(x, axis: int, gm: GroupMap, mode: str):
   """Layers merged for a residual-branch output under ``depth_growth`` 'scaled' (n * mean) or 'zero' (sum)."""
   if mode == "scaled":
     return _coalesce_axis(x, axis, gm, gm.counts)
-  return _segment_sum(x, gm.g, gm.n_small, axis, _members(gm)).astype(x.dtype)
+  return gm.sum_groups(x, axis).astype(x.dtype)
 
 
 def _depth_residual_decoalesce(x, axis: int, gm: GroupMap, mode: str):
+  """Layers grown for a residual-branch output: each copy divided by the group size ('scaled'), or the first copy
+  kept and the others zeroed ('zero')."""
   if mode == "scaled":
     return _decoalesce_axis(x, axis, gm, gm.counts)
-  y = jnp.take(x, jnp.asarray(gm.g), axis=axis)
-  keep = (gm.first[gm.g] == np.arange(len(gm.g))).astype(x.dtype)  # 1 for each group's first layer, else 0.
-  return (y * _bshape(keep, x.ndim, axis)).astype(x.dtype)
-
-
-def _roles(m: LevelMap, name: str, ndim: int):
-  table = FAMILY[m.large.family].axes
-  if name not in table:
-    raise ValueError(f"Parameter {name!r} has no axis roles in the {m.large.family} table; the tree does not come "
-                     f"from a multilevel {m.large.family} model.")
-  roles = table[name]
-  if len(roles) != ndim:
-    raise ValueError(f"Parameter {name!r} has {ndim} axes but the {m.large.family} table declares {len(roles)}.")
-  return roles
+  keep = gm.first_mask.astype(x.dtype)
+  return (gm.duplicate(x, axis) * gm.broadcast(keep, x.ndim, axis)).astype(x.dtype)
 
 
 def _transform(params: Mapping, m: LevelMap, axis_fn, order, depth_residual_fn):
   out = {}
   for name, x in flatten(params).items():
     x = jnp.array(x)  # A fresh array: the output never aliases the input, so either may be donated.
-    roles = _roles(m, name, x.ndim)
+    roles = m.roles(name, x.ndim)
     # Width axes first and depth last when coalescing; the reverse when growing (they commute; kept for clarity).
     axes = sorted((i for i, r in enumerate(roles) if r is not None), key=lambda i: order(roles[i] == A.LAYERS))
     for axis in axes:
-      gm, scale = _axis_rules(m, roles[axis])
+      gm, scale = m.rule(roles[axis])
       if roles[axis] == A.LAYERS and A.RESIDUAL in roles and m.depth_growth != "copy" and m.changes_depth:
         x = depth_residual_fn(x, axis, gm, m.depth_growth)
       else:
@@ -155,9 +93,11 @@ def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
 def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
   """Grows ``mapping.small`` parameters back to ``mapping.large`` with the normalized transposes.
 
-  ``coalesce(decoalesce(p, m), m)`` returns ``p`` bit for bit (group sizes that are powers of two; see the module
-  docstring). Width growth keeps BERT's and DeiT's logits, and GPT's with ``preln_exact``; depth growth copies layers
-  and does not keep the function.
+  ``coalesce(decoalesce(p, m), m)`` returns ``p`` bit for bit (on summed axes when the group sizes are powers of two;
+  see the module docstring). Which growths keep the logits (method.md 5.2; width groups of equal sizes): width
+  growth keeps BERT's and DeiT's, and GPT's with ``preln_exact`` (up to LayerNorm's epsilon); depth growth keeps
+  the pre-LN families' (GPT, DeiT) with ``depth_growth='zero'``, whose extra layers start as identities, and not
+  with 'copy' (the default) or 'scaled'.
   """
   if check:
     check_params(params, mapping.small, "the tree to de-coalesce")

@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from multilevel.models import axes as A
-from multilevel.operators.mapping import GroupMap, LevelMap
-from multilevel.operators.coalescing import _axis_rules, _bshape, _members, _roles, _segment_sum
 from multilevel.models import check_params
+from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.tree import flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
@@ -32,9 +31,8 @@ READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
 
 def _center_in_groups(r, axis: int, gm: GroupMap):
   """``r`` minus its mean over each group along ``axis``: sums to zero (up to rounding) within every group."""
-  sums = _segment_sum(r, gm.g, gm.n_small, axis, _members(gm))
-  means = jnp.take(sums / _bshape(gm.counts.astype(r.dtype), r.ndim, axis), jnp.asarray(gm.g), axis=axis)
-  return r - means
+  sums = gm.sum_groups(r, axis)
+  return r - gm.duplicate(sums / gm.broadcast(gm.counts.astype(r.dtype), r.ndim, axis), axis)
 
 
 def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True) -> dict:
@@ -58,9 +56,9 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
   out = {}
   for index, (name, x) in enumerate(sorted(flatten(grown).items())):
     x = jnp.array(x)
-    roles = _roles(mapping, name, x.ndim)
+    roles = mapping.roles(name, x.ndim)
     axes = [i for i, r in enumerate(roles) if r in READ_SIDES]
-    maps = [_axis_rules(mapping, roles[i])[0] for i in axes]
+    maps = [mapping.rule(roles[i])[0] for i in axes]
     merged = [(i, gm) for i, gm in zip(axes, maps) if int(gm.counts.max()) > 1]
     if merged and scale:
       r = jax.random.normal(jax.random.fold_in(key, index), x.shape, jnp.float32)
