@@ -10,7 +10,8 @@ The mean is computed as ``x_first + sum_p (x_p - x_first) / n``: for a de-coales
 equal, the differences are exactly zero, and coalescing returns the small tree bit for bit for any group size on the
 averaged axes; on summed axes it is bit-exact when the group size is a power of two (``n * (x / n) == x``), and
 within a few roundings otherwise (under jit XLA may rewrite ``x / 3`` as ``x * (1/3)``). A consequence of the
-formula: ``-0.0`` comes back as ``+0.0`` and infinities as NaN (``inf - inf``), which finite training never meets.
+formula: ``-0.0`` comes back as ``+0.0`` and an infinity as NaN (``inf - inf``); by default the operators refuse
+trees that hold NaN or infinity (``check_finite``, ``finite.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from multilevel.models import axes as A
 from multilevel.models import check_params
+from multilevel.operators.finite import require_finite
 from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.tree import flatten, unflatten
 
@@ -79,27 +81,33 @@ def _transform(params: Mapping, m: LevelMap, axis_fn, order, depth_residual_fn):
   return unflatten(out)
 
 
-def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
+def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_finite: bool = True) -> dict:
   """Merges heads, hidden and FFN units, then layers: the parameters of ``mapping.small``.
 
-  Pure and jit-able (``jax.jit(coalesce, static_argnums=1)``). With ``check`` the input must have exactly the
-  structure and shapes of a ``mapping.large`` model; a mismatch raises ValueError naming the parameter.
+  Pure and jit-able (``jax.jit(functools.partial(coalesce, check_finite=False), static_argnums=1)``). With ``check``
+  the input must have exactly the structure and shapes of a ``mapping.large`` model; a mismatch raises ValueError
+  naming the parameter. With ``check_finite`` a NaN or an infinity raises ValueError naming the parameter; the check
+  reads concrete arrays only, so it is skipped under jit.
   """
   if check:
     check_params(params, mapping.large, "the tree to coalesce")
+  if check_finite:
+    require_finite(params, "the tree to coalesce")
   return _transform(params, mapping, _coalesce_axis, lambda is_depth: is_depth, _depth_residual_coalesce)
 
 
-def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True) -> dict:
+def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_finite: bool = True) -> dict:
   """Grows ``mapping.small`` parameters back to ``mapping.large`` with the normalized transposes.
 
   ``coalesce(decoalesce(p, m), m)`` returns ``p`` bit for bit (on summed axes when the group sizes are powers of two;
   see the module docstring). Which growths keep the logits (method.md 5.2; width groups of equal sizes): width
   growth keeps BERT's and DeiT's, and GPT's with ``preln_exact`` (up to LayerNorm's epsilon); depth growth keeps
   the pre-LN families' (GPT, DeiT) with ``depth_growth='zero'``, whose extra layers start as identities, and not
-  with 'copy' (the default) or 'scaled'.
+  with 'copy' (the default) or 'scaled'. ``check`` and ``check_finite`` as for ``coalesce``.
   """
   if check:
     check_params(params, mapping.small, "the tree to de-coalesce")
+  if check_finite:
+    require_finite(params, "the tree to de-coalesce")
   return _transform(params, mapping, _decoalesce_axis, lambda is_depth: not is_depth,
                     _depth_residual_decoalesce)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from multilevel.models import axes as A
 from multilevel.models import check_params
+from multilevel.operators.finite import require_finite
 from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.tree import flatten, unflatten
 
@@ -35,7 +36,8 @@ def _center_in_groups(r, axis: int, gm: GroupMap):
   return r - gm.duplicate(sums / gm.broadcast(gm.counts.astype(r.dtype), r.ndim, axis), axis)
 
 
-def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True) -> dict:
+def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True,
+                check_finite: bool = True) -> dict:
   """Adds zero-sum noise across the copies of every merged unit, on the read side of each kernel.
 
   Args:
@@ -44,6 +46,8 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
     scale: noise standard deviation relative to each parameter's own standard deviation (0 returns ``grown``).
     seed: PRNG seed; each parameter draws from its own fold of the key.
     check: require exactly the structure and shapes of a ``mapping.large`` model.
+    check_finite: refuse a NaN or an infinity (ValueError naming the parameter); skipped under jit, where the
+      values are tracers.
 
   Returns a new tree. When the copies in ``grown`` are exact (a de-coalesced tree, before interpolation), the
   model computes the same function up to fp32 rounding.
@@ -52,6 +56,8 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
     raise ValueError(f"split_noise scale must be >= 0 (relative noise level), got {scale}.")
   if check:
     check_params(grown, mapping.large, "the tree to break the symmetry of")
+  if check_finite:
+    require_finite(grown, "the tree to break the symmetry of")
   key = jax.random.PRNGKey(seed)
   out = {}
   for index, (name, x) in enumerate(sorted(flatten(grown).items())):
