@@ -96,8 +96,23 @@ def test_bad_schemes_raise_clear_errors(kw, match):
 def test_preln_exact_needs_equal_width_groups():
   with pytest.raises(ValueError, match=r"same number of large heads.*sizes \[1, 3\]"):
     O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]], preln_exact=True)
-  m = O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]])  # Well defined without the exact option.
+  m = O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]], allow_unequal_width_groups=True)  # Well defined.
   assert m.small.num_heads == 2
+
+
+def test_unequal_width_groups_need_the_explicit_opt_in():
+  unequal = [[0], [1, 2, 3]]
+  why = r"group sizes \[1, 3\]\).*LayerNorm.*pass allow_unequal_width_groups=True"
+  with pytest.raises(ValueError, match=why):
+    O.make_mapping(BASE["gpt"], width=unequal)
+  with pytest.raises(ValueError, match=why):
+    O.make_chain(BASE["bert"], 3, widths=[unequal, None])
+  with pytest.raises(ValueError, match="preln_exact keeps the function only when"):  # The opt-in does not lift it.
+    O.make_mapping(BASE["gpt"], width=unequal, preln_exact=True, allow_unequal_width_groups=True)
+  assert O.make_mapping(BASE["deit"], width=unequal, allow_unequal_width_groups=True).heads == ((0,), (1, 2, 3))
+  m1, m2 = O.make_chain(BASE["bert"], 3, widths=[unequal, None], allow_unequal_width_groups=True)
+  assert m1.heads == ((0,), (1, 2, 3)) and m2.small.num_heads == 1
+  assert O.make_mapping(BASE["gpt"], depth=[[0], [1, 2, 3]]).layers == ((0,), (1, 2, 3))  # Layer groups: any sizes.
 
 
 def test_chain_takes_one_explicit_scheme_per_transition():

@@ -183,11 +183,12 @@ class LevelMap:
   """One level of coalescing: ``large`` -> ``small``.
 
   Attributes:
-    heads: width scheme, one entry per small head listing the large heads merged into it.
+    heads: width scheme, one entry per small head listing the large heads merged into it (groups of one size, unless
+      ``make_mapping`` was given ``allow_unequal_width_groups``).
     layers: depth scheme, one entry per small layer listing the large layers merged into it.
     embed_factor: for models whose embedding is tied to the LM head (BERT, GPT), coalescing multiplies the averaged
       embedding columns by this factor and growth divides by it. ``None`` (default) uses each group's size, which
-      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for any group size.
+      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for equal groups of any size.
       Ignored for DeiT, whose embeddings are averaged like any output.
     preln_exact: also scale residual-branch outputs (attention and FFN output projections) by the embedding rule,
       which makes width growth function-preserving for pre-LN GPT (exact up to LayerNorm's epsilon; method.md 5.2).
@@ -275,12 +276,15 @@ class LevelMap:
 
 
 def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: int = 2, depth_factor: int = 2,
-                 depth_mode: str = "adjacent", embed_factor: Optional[float] = None,
-                 preln_exact: bool = False, depth_growth: str = "copy") -> LevelMap:
+                 depth_mode: str = "adjacent", embed_factor: Optional[float] = None, preln_exact: bool = False,
+                 depth_growth: str = "copy", allow_unequal_width_groups: bool = False) -> LevelMap:
   """Validates the schemes and returns the ``LevelMap`` from ``large`` to the derived small config.
 
   ``width``/``depth`` are explicit schemes; when ``None`` the defaults halve (``*_factor``), and a factor of 1 keeps
   that dimension. ``depth_mode`` chooses the default depth grouping ('adjacent' = paper, 'stride' = reference json).
+  A width scheme whose groups have different sizes is refused unless ``allow_unequal_width_groups``: the operators
+  are well defined on it, but no growth from it keeps the function (LayerNorm averages over the duplicated units),
+  and ``preln_exact`` refuses it whatever the opt-in. Layer groups may have any sizes.
   """
   if not isinstance(large, ModelConfig):
     raise TypeError(f"make_mapping needs a ModelConfig for the large model, got {type(large).__name__}.")
@@ -291,11 +295,18 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
   if preln_exact and not FAMILY[large.family].pre_ln:
     raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit); {large.family} is post-LN and its width "
                      f"growth is already function-preserving. Leave preln_exact=False.")
-  if preln_exact and len({len(g) for g in heads}) > 1:
+  sizes = sorted({len(g) for g in heads})
+  if preln_exact and len(sizes) > 1:
     raise ValueError(f"preln_exact keeps the function only when every small head merges the same number of large "
                      f"heads (LayerNorm averages over the duplicated units); the width scheme "
-                     f"{[list(g) for g in heads]} has groups of sizes {sorted({len(g) for g in heads})}. Use equal "
-                     f"groups, or preln_exact=False.")
+                     f"{[list(g) for g in heads]} has groups of sizes {sizes}. Use equal groups, or "
+                     f"preln_exact=False (with allow_unequal_width_groups=True).")
+  if len(sizes) > 1 and not allow_unequal_width_groups:
+    raise ValueError(f"The width scheme {[list(g) for g in heads]} merges different numbers of large heads into the "
+                     f"small heads (group sizes {sizes}). Coalescing and growth are well defined on it, but the grown "
+                     f"model cannot compute the small model's function: LayerNorm averages over the hidden units, "
+                     f"where the copies of a larger group weigh more. Use groups of equal size, or pass "
+                     f"allow_unequal_width_groups=True to accept that growth changes the function.")
   if embed_factor is not None and not embed_factor > 0:
     raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
   if depth_growth not in DEPTH_GROWTH:
@@ -309,7 +320,8 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
   """``levels - 1`` maps, each shrinking the previous small model: a multi-level hierarchy.
 
   ``widths``/``depths`` give one explicit scheme per transition (``None`` entries use the default halving), each in
-  the indices of that transition's large model; other keywords go to every ``make_mapping`` call.
+  the indices of that transition's large model; other keywords (``allow_unequal_width_groups`` among them) go to
+  every ``make_mapping`` call.
   """
   for one, many in (("width", "widths"), ("depth", "depths")):
     if kw.get(one) is not None and levels > 2:
