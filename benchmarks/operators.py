@@ -8,8 +8,9 @@ first call), then timed as the best of ``--repeats`` calls with ``block_until_re
 ``jax.jit(lambda t: jax.tree.map(jnp.copy, t))`` on the large tree: every operator reads and writes about as much
 memory as that copy or less (coalesce reads the large tree and writes a quarter-sized one at the default halving of
 width and depth; de-coalesce the reverse; interpolate reads two large trees and writes one), so the ratio says how
-far each is from a memory-bound copy. Parameter trees are random normal leaves of the right shapes
-(``M.abstract_params``), not Flax init, which would be slower and changes nothing here.
+far each is from a memory-bound copy. The operators' finite check (on by default for concrete trees, skipped under
+jit) is timed on its own on the large tree: one reduction that reads it once. Parameter trees are random normal
+leaves of the right shapes (``M.abstract_params``), not Flax init, which would be slower and changes nothing here.
 """
 
 import argparse
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 
 from multilevel import models as M  # noqa: E402
 from multilevel import operators as O  # noqa: E402
+from multilevel.operators.finite import require_finite  # noqa: E402
 
 
 def random_tree(cfg, seed, std=0.02):
@@ -63,9 +65,10 @@ def bench_preset(name, args):
   m = O.make_mapping(cfg, width_factor=args.width_factor, depth_factor=args.depth_factor,
                      depth_mode=args.depth_mode)
   large, pre = random_tree(cfg, 0), random_tree(cfg, 1)
-  coalesce = jax.jit(O.coalesce, static_argnums=1)
-  decoalesce = jax.jit(O.decoalesce, static_argnums=1)
-  interpolate = jax.jit(functools.partial(O.interpolate, w_pre=args.w_pre))
+  # Jitted: the finite check cannot read traced values, so it is switched off explicitly and timed on its own.
+  coalesce = jax.jit(functools.partial(O.coalesce, check_finite=False), static_argnums=1)
+  decoalesce = jax.jit(functools.partial(O.decoalesce, check_finite=False), static_argnums=1)
+  interpolate = jax.jit(functools.partial(O.interpolate, w_pre=args.w_pre, check_finite=False))
   copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
   # The first calls compile; they also make the inputs of the later cases, so their times are kept here.
   first_calls = {}
@@ -82,6 +85,7 @@ def bench_preset(name, args):
       ("coalesce", lambda t: coalesce(t, m), (large,), b_large + b_small),
       ("decoalesce", lambda t: decoalesce(t, m), (small,), b_small + b_large),
       (f"interpolate (w_pre={args.w_pre})", interpolate, (grown, pre), 3 * b_large),
+      ("finite check (large tree)", lambda t: require_finite(t, "the large tree"), (large,), b_large),
       ("copy (small tree)", copy, (small,), b_small + b_small),
   ]
   rows = []

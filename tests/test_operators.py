@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from multilevel import models as M
 from multilevel import operators as O
+from multilevel.models import axes as A
 from multilevel.tree import flatten, unflatten
 from tests.operator_util import (BASE, HOW, KINDS, assert_like_config, assert_tree_equal, coalesce, coalesce_c,
                                  coalesce_jit, decoalesce, decoalesce_c, decoalesce_jit, random_params, round_trip_c,
@@ -78,7 +79,7 @@ def test_groups_of_three(family, preln_exact):
   Averaged axes (and the layer axis) are bit-exact for any group size: the mean is computed as
   ``x_first + sum(x_p - x_first) / n`` and the differences of a de-coalesced tree are exactly 0. Summed axes grow as
   ``y / 3`` and coalesce back as ``(y / 3) * 3``, which float32 rounds back to ``y`` only within one rounding (the
-  transfer.py docstring): measured at most 1 ulp, relative error 2**-23 = 1.19e-7, so rtol = 2.4e-7 (two ulps at the
+  coalescing.py docstring): measured at most 1 ulp, relative error 2**-23 = 1.19e-7, so rtol = 2.4e-7 (two ulps at the
   bottom of a binade) and atol = 0. GPT's residual output kernels with preln_exact have two summed axes (input
   summed, output scaled like the embedding): four roundings, measured up to 3 ulps and a relative error of
   2.38e-7 under jit, which rounds x / 3 as x * (1/3); they get twice the tolerance.
@@ -235,6 +236,51 @@ def test_coalesce_and_decoalesce_match_the_matrix_formulas(kind):
     close(got["head/bias"], large["head/bias"])
     close(grown["head/kernel"], P_h.T @ small["head/kernel"])
     close(grown["pos"], small["pos"] @ Q_h.T)
+
+@pytest.mark.parametrize("groups", [((3, 0), (2, 1)), ((0,), (1, 2, 3))])  # Equal (gathered) and unequal groups.
+def test_group_map_primitives_match_the_matrices(groups):
+  """The public vocabulary along one axis: sum_groups is Q^T, mean_groups is P, duplicate is Q (exact on copies)."""
+  gm = O.GroupMap.from_groups(groups, 4)
+  P, Q = _avg(gm.g, gm.n_small), _dup(gm.g, gm.n_small)
+  x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
+  y = x[:, :2]
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-6)
+  close(gm.sum_groups(x, 1), np.einsum("pi,apb->aib", Q, x))
+  close(gm.mean_groups(x, 1), np.einsum("ip,apb->aib", P, x))
+  close(gm.sum_groups(x.transpose(0, 2, 1), 2), np.einsum("pi,apb->abi", Q, x))  # Any axis.
+  np.testing.assert_array_equal(gm.duplicate(y, 1), np.einsum("pi,aib->apb", Q, y))
+  np.testing.assert_array_equal(gm.mean_groups(gm.duplicate(y, 1), 1), y)
+  assert (gm.n_small, gm.n_large, gm.is_identity) == (2, 4, False)
+  assert gm.first_mask.tolist() == ([False, False, True, True] if len(groups[0]) == 2 else [True, True, False, False])
+  assert gm.members is None if len(groups[0]) == 1 else gm.members.tolist() == [[0, 3], [1, 2]]
+  assert gm.broadcast(gm.counts, 3, 1).shape == (1, 2, 1) and gm.broadcast(gm.g, 2, 0).shape == (4, 1)
+  with pytest.raises(ValueError, match=r"one entry per small \(2\) or large \(4\) unit, got shape \(3,\)"):
+    gm.broadcast(np.ones(3), 3, 1)
+  assert O.GroupMap.from_groups(((0,), (1,)), 2).is_identity
+
+
+def test_level_map_rules_and_roles():
+  """``LevelMap.roles`` reads the family table; ``LevelMap.rule`` gives each role its group map and factor."""
+  m = O.make_mapping(BASE["gpt"], preln_exact=True)
+  assert m.roles("layers/mlp/fc2/kernel", 3) == (A.LAYERS, A.FFN_IN, A.RESIDUAL)
+  h = m.hidden_map
+  for role, gm, scale in [(A.LAYERS, m.layer_map, None), (A.HIDDEN_OUT, h, None), (A.EMBED, h, h.counts),
+                          (A.HEADS_IN, m.head_map, m.head_map.counts), (A.FFN_IN, m.ffn_map, m.ffn_map.counts),
+                          (A.RESIDUAL, h, h.counts)]:  # preln_exact: residual outputs follow the embedding.
+    got_gm, got_scale = m.rule(role)
+    assert got_gm is gm, role
+    assert (got_scale is None) if scale is None else np.array_equal(got_scale, scale), role
+  deit = O.make_mapping(BASE["deit"], embed_factor=3.0)
+  assert deit.rule(A.EMBED)[1] is None  # Not tied to a head: averaged whatever the factor.
+  np.testing.assert_array_equal(O.make_mapping(BASE["gpt"], embed_factor=3.0).rule(A.EMBED)[1], np.full(32, 3.0))
+  assert O.make_mapping(BASE["gpt"]).rule(A.RESIDUAL)[1] is None
+  with pytest.raises(ValueError, match="Unknown axis role 'hidden:sideways'"):
+    m.rule("hidden:sideways")
+  with pytest.raises(ValueError, match="'mlp/fc9' has no axis roles in the gpt table"):
+    m.roles("mlp/fc9", 2)
+  with pytest.raises(ValueError, match="has 2 axes but the gpt table declares 3"):
+    m.roles("layers/mlp/fc2/kernel", 2)
+
 
 # -------------------------------------------------------------------------------------------------- property tests
 

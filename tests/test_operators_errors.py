@@ -4,6 +4,8 @@ and trees.
 The shared configs, compiled operators and helpers are in ``tests/operator_util.py``.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,8 +96,23 @@ def test_bad_schemes_raise_clear_errors(kw, match):
 def test_preln_exact_needs_equal_width_groups():
   with pytest.raises(ValueError, match=r"same number of large heads.*sizes \[1, 3\]"):
     O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]], preln_exact=True)
-  m = O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]])  # Well defined without the exact option.
+  m = O.make_mapping(BASE["gpt"], width=[[0], [1, 2, 3]], allow_unequal_width_groups=True)  # Well defined.
   assert m.small.num_heads == 2
+
+
+def test_unequal_width_groups_need_the_explicit_opt_in():
+  unequal = [[0], [1, 2, 3]]
+  why = r"group sizes \[1, 3\]\).*LayerNorm.*pass allow_unequal_width_groups=True"
+  with pytest.raises(ValueError, match=why):
+    O.make_mapping(BASE["gpt"], width=unequal)
+  with pytest.raises(ValueError, match=why):
+    O.make_chain(BASE["bert"], 3, widths=[unequal, None])
+  with pytest.raises(ValueError, match="preln_exact keeps the function only when"):  # The opt-in does not lift it.
+    O.make_mapping(BASE["gpt"], width=unequal, preln_exact=True, allow_unequal_width_groups=True)
+  assert O.make_mapping(BASE["deit"], width=unequal, allow_unequal_width_groups=True).heads == ((0,), (1, 2, 3))
+  m1, m2 = O.make_chain(BASE["bert"], 3, widths=[unequal, None], allow_unequal_width_groups=True)
+  assert m1.heads == ((0,), (1, 2, 3)) and m2.small.num_heads == 1
+  assert O.make_mapping(BASE["gpt"], depth=[[0], [1, 2, 3]]).layers == ((0,), (1, 2, 3))  # Layer groups: any sizes.
 
 
 def test_chain_takes_one_explicit_scheme_per_transition():
@@ -143,3 +160,47 @@ def test_trees_that_do_not_match_the_config_are_rejected():
   with pytest.raises(TypeError, match="parameter tree"):
     O.coalesce([1, 2], m)
 
+
+
+# -------------------------------------------------------------------------------------------------- non-finite trees
+
+# Each operator applied to a tree t of the shapes it takes, with the name its error gives t.
+FINITE_OPS = {
+    "coalesce": ("the tree to coalesce", lambda m, t, **kw: O.coalesce(t, m, **kw)),
+    "decoalesce": ("the tree to de-coalesce", lambda m, t, **kw: O.decoalesce(t, m, **kw)),
+    "split_noise": ("the tree to break the symmetry of", lambda m, t, **kw: O.split_noise(t, m, scale=0.1, **kw)),
+    "interpolate-grown": ("the grown tree",
+                          lambda m, t, **kw: O.interpolate(t, random_params(m.large), w_pre=0.5, **kw)),
+    "interpolate-pre": ("the pre-coalescing tree",
+                        lambda m, t, **kw: O.interpolate(random_params(m.large), t, w_pre=0.5, **kw)),
+}
+
+
+@pytest.mark.parametrize("op", list(FINITE_OPS))
+def test_trees_with_nan_or_infinity_are_refused(op):
+  what, run = FINITE_OPS[op]
+  m = O.make_mapping(BASE["gpt"])
+  flat = flatten(random_params(m.small if op == "decoalesce" else m.large, seed=22))
+  bad = dict(flat)
+  bad["word/embedding"] = flat["word/embedding"].at[3, 1].set(jnp.inf)
+  bad["layers/mlp/fc1/kernel"] = flat["layers/mlp/fc1/kernel"].at[0, 1, 2].set(jnp.nan).at[1, 0, 0].set(jnp.nan)
+  with pytest.raises(ValueError, match=rf"'layers/mlp/fc1/kernel' of {what} holds 2 NaN and 0 infinite values .*"
+                                       rf"diverged.*pass check_finite=False"):
+    run(m, unflatten(bad))  # The first offending path in path order, not the first leaf of the dict.
+  inf_only = dict(flat, **{"word/embedding": bad["word/embedding"]})
+  with pytest.raises(ValueError, match=f"'word/embedding' of {what} holds 0 NaN and 1 infinite values"):
+    run(m, unflatten(inf_only))
+  out = flatten(run(m, unflatten(bad), check_finite=False))  # The opt-out maps it anyway.
+  assert np.isnan(np.asarray(out["layers/mlp/fc1/kernel"])).any()
+
+
+def test_the_finite_check_is_skipped_under_jit():
+  """Traced values cannot be inspected at trace time: under jit a NaN goes through unchecked (and no trace error)."""
+  grown = random_params(BASE["gpt"], seed=23)
+  pre = flatten(random_params(BASE["gpt"], seed=24))
+  pre["position"] = pre["position"].at[0, 0].set(jnp.nan)
+  pre = unflatten(pre)
+  out = jax.jit(functools.partial(O.interpolate, w_pre=0.5))(grown, pre)
+  assert np.isnan(np.asarray(out["position"])).sum() == 1
+  out = jax.jit(lambda w: O.interpolate(grown, pre, w_pre=w))(0.5)  # Concrete trees closed over by a trace.
+  assert np.isnan(np.asarray(out["position"])).sum() == 1

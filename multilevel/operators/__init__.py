@@ -1,11 +1,15 @@
-"""The multi-level operators: coalesce, de-coalesce and interpolate, as pure functions on parameter trees."""
+"""The multi-level operators as pure functions on parameter trees: coalescing (``coalesce``, ``decoalesce``),
+interpolation (``interpolate``) and symmetry breaking (``split_noise``), all driven by a ``LevelMap``.
 
-from multilevel.operators.blend import interpolate
+``LevelMap`` and ``GroupMap`` (``mapping.py``) also hold the public primitives the operators are built from.
+"""
+
+from multilevel.models import check_params as check_matches_config
+from multilevel.operators.coalescing import coalesce, decoalesce
+from multilevel.operators.interpolation import interpolate
 from multilevel.operators.mapping import (DEPTH_MODES, GroupMap, LevelMap, default_depth_groups,
                                           default_width_groups, make_chain, make_mapping)
 from multilevel.operators.symmetry import split_noise
-from multilevel.operators.transfer import coalesce, decoalesce
-from multilevel.models import check_params as check_matches_config
 from multilevel.tree import check_same_structure, flatten, unflatten
 
 __all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "make_mapping", "make_chain", "LevelMap", "GroupMap",

@@ -1,7 +1,11 @@
-"""How a large model maps onto a small one: head groups, layer groups, and the two named options.
+"""How a large model maps onto a small one: head groups, layer groups, and the options of each level.
 
 A ``LevelMap`` is the whole description the operators need. It is a frozen, hashable dataclass, so it can be a static
 argument of ``jax.jit``. Build one with ``make_mapping``; it validates the schemes and derives the small config.
+
+The two classes are also the vocabulary the operators are written in, public for new ones: ``LevelMap.roles`` gives
+each axis of a parameter its role, ``LevelMap.rule`` the group map and factor of a role, and a ``GroupMap``'s
+``sum_groups``, ``mean_groups``, ``duplicate``, ``broadcast`` and ``members`` act along one axis.
 
 Width scheme (the reference format): one entry per small-model head, listing the large-model heads merged into it,
 e.g. ``[[0, 6], [1, 7], ..., [5, 11]]``. The same grouping is applied, chunk by chunk, to the hidden channels (chunks
@@ -17,9 +21,12 @@ import dataclasses
 import functools
 from typing import Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from multilevel.models import FAMILY, ModelConfig
+from multilevel.models import axes as A
 
 Groups = tuple[tuple[int, ...], ...]
 DEPTH_MODES = ("adjacent", "stride")
@@ -28,7 +35,13 @@ DEPTH_GROWTH = ("copy", "scaled", "zero")
 
 @dataclasses.dataclass(frozen=True)
 class GroupMap:
-  """A group map g: large index -> small index, with group sizes and each group's first member (numpy arrays)."""
+  """A group map g: large index p -> small index g(p), with group sizes and each group's first member (the one its
+  scheme entry lists first).
+
+  The methods are the operators' vocabulary along one axis of an array (method.md section 2: P averages, Q
+  duplicates): ``sum_groups`` is Q^T, ``mean_groups`` is P, ``duplicate`` is Q. They take the axis explicitly and
+  work on concrete arrays and tracers alike (the map itself is static numpy).
+  """
 
   g: np.ndarray  # (n_large,) int32
   counts: np.ndarray  # (n_small,) int32
@@ -54,6 +67,67 @@ class GroupMap:
   @property
   def n_small(self) -> int:
     return len(self.counts)
+
+  @property
+  def n_large(self) -> int:
+    return len(self.g)
+
+  @property
+  def is_identity(self) -> bool:
+    """Every large unit is its own group, in order: the axis does not change."""
+    return self.n_large == self.n_small and np.array_equal(self.g, np.arange(self.n_small))
+
+  @property
+  def members(self) -> np.ndarray | None:
+    """(n_small, k) large indices of each group, in index order, when every group has the same size k; else None."""
+    if len(set(self.counts.tolist())) != 1:
+      return None
+    return np.argsort(self.g, kind="stable").reshape(self.n_small, int(self.counts[0]))
+
+  @property
+  def first_mask(self) -> np.ndarray:
+    """(n_large,) bool: True for the first member of each group."""
+    return self.first[self.g] == np.arange(self.n_large)
+
+  def broadcast(self, v, ndim: int, axis: int) -> np.ndarray:
+    """A per-unit vector (one entry per small or per large unit) shaped to broadcast along ``axis`` of ``ndim``."""
+    v = np.asarray(v)
+    if v.shape not in ((self.n_small,), (self.n_large,)):
+      raise ValueError(f"broadcast needs one entry per small ({self.n_small}) or large ({self.n_large}) unit, got "
+                       f"shape {v.shape}.")
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+  def sum_groups(self, x, axis: int):
+    """Sums along ``axis`` the entries of each group: n_large -> n_small entries.
+
+    Equal groups are gathered into a new axis of size k and reduced, several times faster on CPU than XLA's
+    scatter-add; unequal groups fall back to ``segment_sum``.
+    """
+    members = self.members
+    if members is not None:
+      y = jnp.take(x, jnp.asarray(members.reshape(-1)), axis=axis)
+      y = y.reshape(x.shape[:axis] + members.shape + x.shape[axis + 1:])
+      return jnp.sum(y, axis=axis + 1)
+    moved = jnp.moveaxis(x, axis, 0)
+    summed = jax.ops.segment_sum(moved, jnp.asarray(self.g), num_segments=self.n_small, indices_are_sorted=False)
+    return jnp.moveaxis(summed, 0, axis)
+
+  def mean_groups(self, x, axis: int):
+    """Averages along ``axis`` the entries of each group, as ``x_first + sum_p (x_p - x_first) / n``.
+
+    Written so rather than ``sum / n`` because it is exact on copies: when every member equals the first, the
+    differences are exactly zero and the mean is the first member bit for bit, for any group size.
+    """
+    anchor = jnp.take(x, jnp.asarray(self.first[self.g]), axis=axis)
+    diffs = self.sum_groups(x - anchor, axis)
+    n = self.broadcast(self.counts.astype(x.dtype), x.ndim, axis)
+    return jnp.take(x, jnp.asarray(self.first), axis=axis) + diffs / n
+
+  def duplicate(self, y, axis: int):
+    """Copies each small unit to every member of its group along ``axis``: n_small -> n_large entries."""
+    return jnp.take(y, jnp.asarray(self.g), axis=axis)
 
 
 def _check_groups(groups, n_large: int, what: str) -> Groups:
@@ -109,11 +183,12 @@ class LevelMap:
   """One level of coalescing: ``large`` -> ``small``.
 
   Attributes:
-    heads: width scheme, one entry per small head listing the large heads merged into it.
+    heads: width scheme, one entry per small head listing the large heads merged into it (groups of one size, unless
+      ``make_mapping`` was given ``allow_unequal_width_groups``).
     layers: depth scheme, one entry per small layer listing the large layers merged into it.
     embed_factor: for models whose embedding is tied to the LM head (BERT, GPT), coalescing multiplies the averaged
       embedding columns by this factor and growth divides by it. ``None`` (default) uses each group's size, which
-      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for any group size.
+      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for equal groups of any size.
       Ignored for DeiT, whose embeddings are averaged like any output.
     preln_exact: also scale residual-branch outputs (attention and FFN output projections) by the embedding rule,
       which makes width growth function-preserving for pre-LN GPT (exact up to LayerNorm's epsilon; method.md 5.2).
@@ -155,6 +230,45 @@ class LevelMap:
   def changes_depth(self) -> bool:
     return len(self.layers) != self.large.num_layers
 
+  def roles(self, name: str, ndim: int) -> tuple:
+    """The axis roles (``multilevel.models.axes``) of parameter ``name`` with ``ndim`` axes, from the family table.
+
+    Raises ValueError when the table has no such parameter or declares another number of axes.
+    """
+    family = self.large.family
+    table = FAMILY[family].axes
+    if name not in table:
+      raise ValueError(f"Parameter {name!r} has no axis roles in the {family} table; the tree does not come from a "
+                       f"multilevel {family} model.")
+    roles = table[name]
+    if len(roles) != ndim:
+      raise ValueError(f"Parameter {name!r} has {ndim} axes but the {family} table declares {len(roles)}.")
+    return roles
+
+  def rule(self, role: str) -> tuple[GroupMap, np.ndarray | None]:
+    """How an axis of role ``role`` maps: its group map and the per-small-unit factor s (None for s = 1).
+
+    Coalescing gives ``y_i = s_i * mean_{p in G_i} x_p`` and growth ``x_p = y_{g(p)} / s_{g(p)}``: s = 1 on output
+    sides and layers, the group sizes on input sides, the embedding factor on tied embeddings (and on residual
+    outputs with ``preln_exact``). The layer axis's residual-branch rule under ``depth_growth`` is the operators'.
+    """
+    if role not in A.ROLES:
+      raise ValueError(f"Unknown axis role {role!r}; the roles are {A.ROLES}.")
+    if role == A.LAYERS:
+      return self.layer_map, None
+    space, side = role.split(":")
+    gm = {"hidden": self.hidden_map, "heads": self.head_map, "ffn": self.ffn_map}[space]
+    if side == "out":
+      return gm, None
+    if side == "in":
+      return gm, gm.counts
+    embed_scale = None
+    if FAMILY[self.large.family].tied_embedding:
+      embed_scale = gm.counts if self.embed_factor is None else np.full(gm.n_small, self.embed_factor)
+    if side == "embed":
+      return gm, embed_scale
+    return gm, embed_scale if self.preln_exact else None  # The residual side.
+
   def describe(self) -> str:
     L, S = self.large, self.small
     return (f"{L.family} L{L.num_layers}/d{L.width}/h{L.num_heads} -> L{S.num_layers}/d{S.width}/h{S.num_heads} "
@@ -162,12 +276,15 @@ class LevelMap:
 
 
 def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: int = 2, depth_factor: int = 2,
-                 depth_mode: str = "adjacent", embed_factor: Optional[float] = None,
-                 preln_exact: bool = False, depth_growth: str = "copy") -> LevelMap:
+                 depth_mode: str = "adjacent", embed_factor: Optional[float] = None, preln_exact: bool = False,
+                 depth_growth: str = "copy", allow_unequal_width_groups: bool = False) -> LevelMap:
   """Validates the schemes and returns the ``LevelMap`` from ``large`` to the derived small config.
 
   ``width``/``depth`` are explicit schemes; when ``None`` the defaults halve (``*_factor``), and a factor of 1 keeps
   that dimension. ``depth_mode`` chooses the default depth grouping ('adjacent' = paper, 'stride' = reference json).
+  A width scheme whose groups have different sizes is refused unless ``allow_unequal_width_groups``: the operators
+  are well defined on it, but no growth from it keeps the function (LayerNorm averages over the duplicated units),
+  and ``preln_exact`` refuses it whatever the opt-in. Layer groups may have any sizes.
   """
   if not isinstance(large, ModelConfig):
     raise TypeError(f"make_mapping needs a ModelConfig for the large model, got {type(large).__name__}.")
@@ -178,11 +295,18 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
   if preln_exact and not FAMILY[large.family].pre_ln:
     raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit); {large.family} is post-LN and its width "
                      f"growth is already function-preserving. Leave preln_exact=False.")
-  if preln_exact and len({len(g) for g in heads}) > 1:
+  sizes = sorted({len(g) for g in heads})
+  if preln_exact and len(sizes) > 1:
     raise ValueError(f"preln_exact keeps the function only when every small head merges the same number of large "
                      f"heads (LayerNorm averages over the duplicated units); the width scheme "
-                     f"{[list(g) for g in heads]} has groups of sizes {sorted({len(g) for g in heads})}. Use equal "
-                     f"groups, or preln_exact=False.")
+                     f"{[list(g) for g in heads]} has groups of sizes {sizes}. Use equal groups, or "
+                     f"preln_exact=False (with allow_unequal_width_groups=True).")
+  if len(sizes) > 1 and not allow_unequal_width_groups:
+    raise ValueError(f"The width scheme {[list(g) for g in heads]} merges different numbers of large heads into the "
+                     f"small heads (group sizes {sizes}). Coalescing and growth are well defined on it, but the grown "
+                     f"model cannot compute the small model's function: LayerNorm averages over the hidden units, "
+                     f"where the copies of a larger group weigh more. Use groups of equal size, or pass "
+                     f"allow_unequal_width_groups=True to accept that growth changes the function.")
   if embed_factor is not None and not embed_factor > 0:
     raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
   if depth_growth not in DEPTH_GROWTH:
@@ -196,7 +320,8 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
   """``levels - 1`` maps, each shrinking the previous small model: a multi-level hierarchy.
 
   ``widths``/``depths`` give one explicit scheme per transition (``None`` entries use the default halving), each in
-  the indices of that transition's large model; other keywords go to every ``make_mapping`` call.
+  the indices of that transition's large model; other keywords (``allow_unequal_width_groups`` among them) go to
+  every ``make_mapping`` call.
   """
   for one, many in (("width", "widths"), ("depth", "depths")):
     if kw.get(one) is not None and levels > 2:

@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from multilevel.models import axes as A
-from multilevel.operators.mapping import GroupMap, LevelMap
-from multilevel.operators.transfer import _axis_rules, _bshape, _members, _roles, _segment_sum
 from multilevel.models import check_params
+from multilevel.operators.finite import require_finite
+from multilevel.operators.mapping import GroupMap, LevelMap
 from multilevel.tree import flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
@@ -32,12 +32,12 @@ READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
 
 def _center_in_groups(r, axis: int, gm: GroupMap):
   """``r`` minus its mean over each group along ``axis``: sums to zero (up to rounding) within every group."""
-  sums = _segment_sum(r, gm.g, gm.n_small, axis, _members(gm))
-  means = jnp.take(sums / _bshape(gm.counts.astype(r.dtype), r.ndim, axis), jnp.asarray(gm.g), axis=axis)
-  return r - means
+  sums = gm.sum_groups(r, axis)
+  return r - gm.duplicate(sums / gm.broadcast(gm.counts.astype(r.dtype), r.ndim, axis), axis)
 
 
-def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True) -> dict:
+def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 0, check: bool = True,
+                check_finite: bool = True) -> dict:
   """Adds zero-sum noise across the copies of every merged unit, on the read side of each kernel.
 
   Args:
@@ -46,6 +46,8 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
     scale: noise standard deviation relative to each parameter's own standard deviation (0 returns ``grown``).
     seed: PRNG seed; each parameter draws from its own fold of the key.
     check: require exactly the structure and shapes of a ``mapping.large`` model.
+    check_finite: refuse a NaN or an infinity (ValueError naming the parameter); skipped under jit, where the
+      values are tracers.
 
   Returns a new tree. When the copies in ``grown`` are exact (a de-coalesced tree, before interpolation), the
   model computes the same function up to fp32 rounding.
@@ -54,13 +56,15 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
     raise ValueError(f"split_noise scale must be >= 0 (relative noise level), got {scale}.")
   if check:
     check_params(grown, mapping.large, "the tree to break the symmetry of")
+  if check_finite:
+    require_finite(grown, "the tree to break the symmetry of")
   key = jax.random.PRNGKey(seed)
   out = {}
   for index, (name, x) in enumerate(sorted(flatten(grown).items())):
     x = jnp.array(x)
-    roles = _roles(mapping, name, x.ndim)
+    roles = mapping.roles(name, x.ndim)
     axes = [i for i, r in enumerate(roles) if r in READ_SIDES]
-    maps = [_axis_rules(mapping, roles[i])[0] for i in axes]
+    maps = [mapping.rule(roles[i])[0] for i in axes]
     merged = [(i, gm) for i, gm in zip(axes, maps) if int(gm.counts.max()) > 1]
     if merged and scale:
       r = jax.random.normal(jax.random.fold_in(key, index), x.shape, jnp.float32)
