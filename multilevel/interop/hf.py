@@ -10,7 +10,7 @@ Supported ``transformers`` architectures (``supported_architectures()``), one mo
 Import (``load_hf``) reads a ``save_pretrained`` directory (``model.safetensors``, sharded safetensors,
 ``pytorch_model.bin``), a single ``.safetensors`` / ``.bin`` file, an in-memory state dict, or an in-memory
 ``transformers`` model. It is strict: a checkpoint of another architecture, an unsupported setting, a missing
-tensor, an unexpected tensor or a tensor of the wrong shape raises an ``HFInteropError``
+tensor, an unexpected tensor, a tensor of the wrong shape or an unreadable file raises an ``HFInteropError``
 subclass, so no parameter is ever left at a random initial value. The only tensors dropped on purpose are those
 that cannot change the logits of the model we build (each architecture's ``ignored`` patterns: BERT's pooler and
 NSP head, GPT-2's causal-mask buffers, ViT's pooler); tied copies of the embeddings are checked to be equal, not
@@ -41,8 +41,9 @@ import numpy as np
 
 from multilevel.interop import bert, gpt2, vit
 from multilevel.interop.hf_common import (  # The error classes are part of this module's API.
-    HFInteropError, MissingTensorError, Registry, TensorShapeError, UnexpectedTensorError,
-    UnsupportedArchitectureError, UnsupportedConfigError, check_tensors, check_tree, config_dict, normalise, to_numpy)
+    CheckpointFileError, HFInteropError, MissingTensorError, Registry, TensorShapeError, UnexpectedTensorError,
+    UnsupportedArchitectureError, UnsupportedConfigError, check_tensors, check_tree, config_dict, name_list,
+    normalise, read_json, to_numpy, unreadable)
 from multilevel.models.config import ModelConfig
 
 PathLike = str | os.PathLike
@@ -164,13 +165,16 @@ def to_hf_model(cfg: ModelConfig, params):
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-  from safetensors import safe_open
+  from safetensors import SafetensorError, safe_open
   try:
-    with safe_open(str(path), framework="np") as f:
-      return {k: f.get_tensor(k) for k in f.keys()}
-  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: go through torch.
-    with safe_open(str(path), framework="pt") as f:
-      return {k: to_numpy(f.get_tensor(k)) for k in f.keys()}
+    try:
+      with safe_open(str(path), framework="np") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+    except (TypeError, ValueError):  # bfloat16 has no numpy dtype: go through torch.
+      with safe_open(str(path), framework="pt") as f:
+        return {k: to_numpy(f.get_tensor(k)) for k in f.keys()}
+  except (SafetensorError, OSError) as e:
+    raise unreadable(path, "safetensors", e) from None
 
 
 def _read_torch(path: Path) -> dict[str, np.ndarray]:
@@ -178,19 +182,36 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
     import torch
   except ImportError as e:
     raise HFInteropError(f"Reading {path.name} needs torch (pip install torch); safetensors files do not.") from e
-  sd = torch.load(str(path), map_location="cpu", weights_only=True)
+  try:
+    sd = torch.load(str(path), map_location="cpu", weights_only=True)
+  except Exception as e:  # A bad file surfaces as KeyError, EOFError, OSError, RuntimeError, UnpicklingError, ...
+    raise unreadable(path, "torch", e) from None
   if not isinstance(sd, Mapping):
     raise HFInteropError(f"{path} does not hold a state dict (got {type(sd).__name__}).")
   return {k: to_numpy(v) for k, v in sd.items()}
 
 
+def _read_shards(index_path: Path) -> dict[str, np.ndarray]:
+  index = read_json(index_path, "shard index")
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, Mapping):
+    raise CheckpointFileError(f"{index_path} is not a shard index (it has no weight_map): export the checkpoint "
+                              "again or download it again.")
+  shards = sorted(set(weight_map.values()))
+  missing = [s for s in shards if not (index_path.parent / s).is_file()]
+  if missing:
+    raise CheckpointFileError(
+        f"{index_path} lists {len(missing)} shard(s) that are not in {index_path.parent}: {name_list(missing)}. "
+        "Download the missing shards again, or point at the folder that holds all of them.")
+  out = {}
+  for shard in shards:
+    out.update(_read_weights(index_path.parent / shard))
+  return out
+
+
 def _read_weights(path: Path) -> dict[str, np.ndarray]:
   if path.name.endswith(".index.json"):
-    index = json.loads(path.read_text())
-    out = {}
-    for shard in sorted(set(index["weight_map"].values())):
-      out.update(_read_weights(path.parent / shard))
-    return out
+    return _read_shards(path)
   if path.suffix == ".safetensors":
     return _read_safetensors(path)
   if path.suffix in (".bin", ".pt", ".pth"):

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import jax
 import numpy as np
@@ -52,6 +52,10 @@ class TensorShapeError(HFInteropError):
   """A tensor's shape does not fit the configuration."""
 
 
+class CheckpointFileError(HFInteropError):
+  """A checkpoint file (weights, shard index, ``config.json``) is truncated, corrupt or missing."""
+
+
 def name_list(keys, limit: int = 12) -> str:
   """The first ``limit`` of ``keys``, sorted, for an error message."""
   keys = sorted(keys)
@@ -59,7 +63,29 @@ def name_list(keys, limit: int = 12) -> str:
   return ", ".join(keys[:limit]) + more
 
 
+def short_cause(e: BaseException) -> str:
+  """A library's exception in a few words: its class and the first sentence of its message."""
+  text = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else ""
+  text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+  return text if len(text) <= 100 else text[:97] + "..."
+
+
 # ---------------------------------------------------------------------------------------------------- HF configs
+
+
+def unreadable(path: Path, what: str, e: BaseException) -> CheckpointFileError:
+  """The error for a checkpoint file that a library could not read: the file, the cause, and what to do."""
+  return CheckpointFileError(
+      f"{path} is not a readable {what} file ({short_cause(e)}); it may be truncated or corrupt. Export the "
+      "checkpoint again, download it again, or point at the folder that holds a complete one.")
+
+
+def read_json(path: Path, what: str) -> Any:
+  """The contents of the JSON file ``path`` (``what``: "config", "shard index"), or a ``CheckpointFileError``."""
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:  # ValueError covers JSONDecodeError and UnicodeDecodeError.
+    raise unreadable(path, what, e) from None
 
 
 def config_dict(config) -> dict:
@@ -76,7 +102,11 @@ def config_dict(config) -> dict:
     path = path / "config.json"
   if not path.is_file():
     raise HFInteropError(f"No Hugging Face config file at {path}.")
-  return json.loads(path.read_text())
+  d = read_json(path, "config")
+  if not isinstance(d, dict):
+    raise CheckpointFileError(f"{path} holds a JSON {type(d).__name__}, not a config object: export the checkpoint "
+                              "again, download it again, or point at the folder that holds its config.json.")
+  return d
 
 
 def read(d: Mapping, key: str, default=None):
