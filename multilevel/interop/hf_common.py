@@ -116,6 +116,7 @@ def read(d: Mapping, key: str, default=None):
 
 
 def read_int(d: Mapping, key: str, default=None) -> int:
+  """``read`` as an int; raises ``UnsupportedConfigError`` when the key is absent and has no default."""
   v = read(d, key, default)
   if v is None:
     raise UnsupportedConfigError(f"The Hugging Face config has no {key!r}.")
@@ -167,7 +168,7 @@ def _same_name(key: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class HFArchitecture:
   """How one ``transformers`` class maps onto one of our families. An architecture module builds these and
-  ``hf.py`` registers them; every hook below gets plain float32 numpy state dicts and ``'/'``-path trees.
+  ``hf.py`` registers them. State dicts are plain dicts from HF tensor name to array; trees are nested dicts.
 
   Attributes:
     name: the ``transformers`` class (``config.architectures[0]``), e.g. ``"GPT2LMHeadModel"``.
@@ -177,7 +178,8 @@ class HFArchitecture:
     to_hf_config: ``ModelConfig`` -> the ``config.json`` dict of the exported model.
     to_hf: ``(cfg, params)`` -> state dict with the names ``save_pretrained`` writes. It must run under
       ``jax.eval_shape``: the tensors it writes are exactly the ones an import requires.
-    from_hf: ``(cfg, state dict)`` -> our parameter tree, from a state dict already normalised and checked.
+    from_hf: ``(cfg, state dict)`` -> our float32 parameter tree, from a float32 state dict already normalised and
+      checked.
     prefix: the base model's attribute ("bert", "transformer"); added to the names of a base-model checkpoint.
     heads: the top-level names that are not under ``prefix`` (left alone when adding it).
     ignored: regexes of tensors that cannot change our logits (buffers, poolers); dropped with a log line.
