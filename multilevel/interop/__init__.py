@@ -1,12 +1,12 @@
 """Interoperability with other frameworks: Hugging Face ``transformers`` checkpoints (see ``hf.py``)."""
 
-from multilevel.interop.hf import (HFInteropError, MissingTensorError, TensorShapeError, UnexpectedTensorError,
-                                   UnsupportedArchitectureError, UnsupportedConfigError, config_from_hf,
-                                   from_hf_state_dict, load_hf, save_hf, supported_architectures, to_hf_config,
-                                   to_hf_model, to_hf_state_dict)
+from multilevel.interop.hf import (CheckpointFileError, HFInteropError, MissingTensorError, TensorShapeError,
+                                   UnexpectedTensorError, UnsupportedArchitectureError, UnsupportedConfigError,
+                                   config_from_hf, from_hf_state_dict, load_hf, save_hf, supported_architectures,
+                                   to_hf_config, to_hf_model, to_hf_state_dict)
 
 __all__ = [
     "HFInteropError", "UnsupportedArchitectureError", "UnsupportedConfigError", "MissingTensorError",
-    "UnexpectedTensorError", "TensorShapeError", "load_hf", "save_hf", "from_hf_state_dict", "to_hf_state_dict",
-    "config_from_hf", "to_hf_config", "to_hf_model", "supported_architectures",
+    "UnexpectedTensorError", "TensorShapeError", "CheckpointFileError", "load_hf", "save_hf", "from_hf_state_dict",
+    "to_hf_state_dict", "config_from_hf", "to_hf_config", "to_hf_model", "supported_architectures",
 ]

@@ -1,25 +1,20 @@
 """Hugging Face interoperability: import and export BERT, GPT-2, ViT and DeiT weights.
 
-Supported ``transformers`` architectures and the family they map to:
+Supported ``transformers`` architectures (``supported_architectures()``), one module each:
 
-================================================  ==========================================================
-``BertForMaskedLM`` / ``BertForPreTraining``      ``bert`` (pooler and next-sentence head are dropped, as
-                                                   ``BertForMaskedLM`` itself does)
-``GPT2LMHeadModel`` / ``GPT2Model``               ``gpt`` (the LM head is the tied token embedding)
-``ViTForImageClassification``                     ``deit`` with ``distill_token=False``
-``DeiTForImageClassificationWithTeacher``         ``deit`` with ``distill_token=True`` (mean of the two heads)
-``DeiTForImageClassification``                    ``deit`` with ``distill_token=True``, imported exactly as
-                                                   ``head = 2 * classifier`` and a zero ``head_dist`` (import
-                                                   only; it exports as ``...WithTeacher``)
-================================================  ==========================================================
+- ``bert.py``: ``BertForMaskedLM``, ``BertForPreTraining`` -> ``bert`` (the pooler and NSP head are dropped).
+- ``gpt2.py``: ``GPT2LMHeadModel``, ``GPT2Model`` -> ``gpt`` (the LM head is the tied token embedding).
+- ``vit.py``: ``ViTForImageClassification``, ``DeiTForImageClassificationWithTeacher``,
+  ``DeiTForImageClassification`` -> ``deit`` (``distill_token`` for DeiT; ``vit.py`` says how each maps).
 
 Import (``load_hf``) reads a ``save_pretrained`` directory (``model.safetensors``, sharded safetensors,
 ``pytorch_model.bin``), a single ``.safetensors`` / ``.bin`` file, an in-memory state dict, or an in-memory
 ``transformers`` model. It is strict: a checkpoint of another architecture, an unsupported setting, a missing
-tensor, an unexpected tensor or a tensor of the wrong shape raises an ``HFInteropError`` subclass, so no parameter
-is ever left at a random initial value. The only tensors dropped on purpose are those that cannot change the
-logits of the model we build (the ``ignored`` patterns of ``hf_archs``: BERT's pooler and NSP head, GPT-2's
-causal-mask buffers, ViT's pooler); tied copies of the embeddings are checked to be equal, not dropped blindly.
+tensor, an unexpected tensor, a tensor of the wrong shape or an unreadable file raises an ``HFInteropError``
+subclass, so no parameter is ever left at a random initial value. The only tensors dropped on purpose are those
+that cannot change the logits of the model we build (each architecture's ``ignored`` patterns: BERT's pooler and
+NSP head, GPT-2's causal-mask buffers, ViT's pooler); tied copies of the embeddings are checked to be equal, not
+dropped blindly.
 
 Export (``save_hf``) writes ``config.json`` and ``model.safetensors`` with the tensor names ``save_pretrained``
 writes, so ``AutoModel...from_pretrained(dir)`` loads it with no missing or unexpected keys. Import and export
@@ -28,10 +23,9 @@ need only ``numpy`` and ``safetensors``; ``torch`` is needed for ``.bin`` files 
 
 Parameter trees come back as nested dicts of float32 ``numpy`` arrays (place them on devices as you like).
 
-The implementation is split by concern: ``hf_errors`` (the error classes), ``hf_config`` (HF config <->
-``ModelConfig``), ``hf_tensors`` (per-family tensor names and conversion), ``hf_archs`` (the architecture table),
-``hf_state_dict`` (state dicts <-> parameter trees) and this module (checkpoint files and the entry points). Every
-public name is importable from here and from ``multilevel.interop``.
+This module holds the entry points and the file I/O; ``hf_common`` the errors, the ``HFArchitecture`` record and
+the strict checks; ``bert``, ``gpt2`` and ``vit`` one architecture each. A new architecture is a new module with
+its ``ARCHITECTURES`` records, added to ``REGISTRY`` below.
 """
 
 from __future__ import annotations
@@ -39,56 +33,73 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from multilevel.interop.hf_archs import config_from_hf, supported_architectures
-from multilevel.interop.hf_config import to_hf_config
-from multilevel.interop.hf_errors import (HFInteropError, MissingTensorError, TensorShapeError, UnexpectedTensorError,
-                                          UnsupportedArchitectureError, UnsupportedConfigError)
-from multilevel.interop.hf_state_dict import _to_numpy, from_hf_state_dict, to_hf_state_dict
+from multilevel.interop import bert, gpt2, vit
+from multilevel.interop.hf_common import (  # The error classes are part of this module's API.
+    CheckpointFileError, HFInteropError, MissingTensorError, Registry, TensorShapeError, UnexpectedTensorError,
+    UnsupportedArchitectureError, UnsupportedConfigError, check_tensors, check_tree, config_dict, name_list,
+    normalise, read_json, to_numpy, unreadable)
 from multilevel.models.config import ModelConfig
 
 PathLike = str | os.PathLike
 
-
-# ------------------------------------------------------------------------------------------------------- file I/O
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-  from safetensors import safe_open
-  try:
-    with safe_open(str(path), framework="np") as f:
-      return {k: f.get_tensor(k) for k in f.keys()}
-  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: go through torch.
-    with safe_open(str(path), framework="pt") as f:
-      return {k: _to_numpy(f.get_tensor(k)) for k in f.keys()}
+REGISTRY = Registry(*bert.ARCHITECTURES, *gpt2.ARCHITECTURES, *vit.ARCHITECTURES)
 
 
-def _read_torch(path: Path) -> dict[str, np.ndarray]:
-  try:
-    import torch
-  except ImportError as e:
-    raise HFInteropError(f"Reading {path.name} needs torch (pip install torch); safetensors files do not.") from e
-  sd = torch.load(str(path), map_location="cpu", weights_only=True)
-  if not isinstance(sd, Mapping):
-    raise HFInteropError(f"{path} does not hold a state dict (got {type(sd).__name__}).")
-  return {k: _to_numpy(v) for k, v in sd.items()}
+# ---------------------------------------------------------------------------------------------------- entry points
 
 
-def _read_weights(path: Path) -> dict[str, np.ndarray]:
-  if path.name.endswith(".index.json"):
-    index = json.loads(path.read_text())
-    out = {}
-    for shard in sorted(set(index["weight_map"].values())):
-      out.update(_read_weights(path.parent / shard))
-    return out
-  if path.suffix == ".safetensors":
-    return _read_safetensors(path)
-  if path.suffix in (".bin", ".pt", ".pth"):
-    return _read_torch(path)
-  raise HFInteropError(f"Unknown weights file {path}: expected .safetensors, .bin, .pt, .pth or an .index.json.")
+def supported_architectures() -> list[str]:
+  """The ``transformers`` class names ``load_hf`` imports."""
+  return REGISTRY.names()
+
+
+def config_from_hf(config, architecture: str | None = None) -> ModelConfig:
+  """Our ``ModelConfig`` for a Hugging Face config (object, dict or ``config.json`` path). Raises if unsupported."""
+  d = config_dict(config)
+  return REGISTRY.resolve(d, (), architecture).config_from_hf(d)
+
+
+def to_hf_config(cfg: ModelConfig) -> dict:
+  """The ``config.json`` contents (a plain dict) of the Hugging Face model equivalent to ``cfg``."""
+  return REGISTRY.for_export(cfg).to_hf_config(cfg)
+
+
+def from_hf_state_dict(state_dict: Mapping[str, Any], config, architecture: str | None = None,
+                       **overrides) -> tuple[ModelConfig, dict]:
+  """``(ModelConfig, params)`` from a Hugging Face state dict (numpy arrays or torch tensors) and its config.
+
+  ``architecture`` (e.g. ``"BertForMaskedLM"``) overrides ``config.architectures``. ``overrides`` may set the
+  fields HF does not describe: ``dtype``, ``remat``, ``dropout``.
+  """
+  d = config_dict(config)
+  sd = {k: to_numpy(v) for k, v in state_dict.items()}
+  a = REGISTRY.resolve(d, sd.keys(), architecture)
+  cfg = a.config_from_hf(d)
+  bad = sorted(set(overrides) - {"dtype", "remat", "dropout"})
+  if bad:
+    raise HFInteropError(f"Only dtype, remat and dropout may be overridden on import, not {bad}: the rest comes "
+                         "from the checkpoint.")
+  cfg = cfg.replace(**overrides)
+  sd = normalise(a, sd, cfg, d)
+  check_tensors(a, sd, cfg)
+  params = a.from_hf(cfg, {k: np.asarray(v, dtype=np.float32) for k, v in sd.items()})
+  check_tree(cfg, params, "import")
+  return cfg, params
+
+
+def to_hf_state_dict(cfg: ModelConfig, params) -> dict[str, np.ndarray]:
+  """Our ``params`` as a Hugging Face state dict (name -> float32 numpy array), with the names
+  ``save_pretrained`` writes (tied copies left out, as it does)."""
+  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)  # What we write: exact for bf16.
+  check_tree(cfg, params, "to_hf_state_dict")
+  sd = REGISTRY.for_export(cfg).to_hf(cfg, params)
+  return {k: np.array(v, dtype=np.float32, order="C") for k, v in sd.items()}  # Writable copies.
 
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -150,8 +161,59 @@ def to_hf_model(cfg: ModelConfig, params):
   return model.eval()
 
 
-__all__ = [
-    "HFInteropError", "UnsupportedArchitectureError", "UnsupportedConfigError", "MissingTensorError",
-    "UnexpectedTensorError", "TensorShapeError", "load_hf", "save_hf", "from_hf_state_dict", "to_hf_state_dict",
-    "config_from_hf", "to_hf_config", "to_hf_model", "supported_architectures",
-]
+# -------------------------------------------------------------------------------------------------------- file I/O
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+  from safetensors import SafetensorError, safe_open
+  try:
+    try:
+      with safe_open(str(path), framework="np") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+    except (TypeError, ValueError):  # bfloat16 has no numpy dtype: go through torch.
+      with safe_open(str(path), framework="pt") as f:
+        return {k: to_numpy(f.get_tensor(k)) for k in f.keys()}
+  except (SafetensorError, OSError) as e:
+    raise unreadable(path, "safetensors", e) from None
+
+
+def _read_torch(path: Path) -> dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError as e:
+    raise HFInteropError(f"Reading {path.name} needs torch (pip install torch); safetensors files do not.") from e
+  try:
+    sd = torch.load(str(path), map_location="cpu", weights_only=True)
+  except Exception as e:  # A bad file surfaces as KeyError, EOFError, OSError, RuntimeError, UnpicklingError, ...
+    raise unreadable(path, "torch", e) from None
+  if not isinstance(sd, Mapping):
+    raise HFInteropError(f"{path} does not hold a state dict (got {type(sd).__name__}).")
+  return {k: to_numpy(v) for k, v in sd.items()}
+
+
+def _read_shards(index_path: Path) -> dict[str, np.ndarray]:
+  index = read_json(index_path, "shard index")
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, Mapping):
+    raise CheckpointFileError(f"{index_path} is not a shard index (it has no weight_map): export the checkpoint "
+                              "again or download it again.")
+  shards = sorted(set(weight_map.values()))
+  missing = [s for s in shards if not (index_path.parent / s).is_file()]
+  if missing:
+    raise CheckpointFileError(
+        f"{index_path} lists {len(missing)} shard(s) that are not in {index_path.parent}: {name_list(missing)}. "
+        "Download the missing shards again, or point at the folder that holds all of them.")
+  out = {}
+  for shard in shards:
+    out.update(_read_weights(index_path.parent / shard))
+  return out
+
+
+def _read_weights(path: Path) -> dict[str, np.ndarray]:
+  if path.name.endswith(".index.json"):
+    return _read_shards(path)
+  if path.suffix == ".safetensors":
+    return _read_safetensors(path)
+  if path.suffix in (".bin", ".pt", ".pth"):
+    return _read_torch(path)
+  raise HFInteropError(f"Unknown weights file {path}: expected .safetensors, .bin, .pt, .pth or an .index.json.")
