@@ -130,6 +130,22 @@ def test_pipeline_thread_stops_when_dropped():
   assert not any(t.name.endswith("-prefetch") and t is thread for t in threading.enumerate())
 
 
+def test_atomic_writers_leave_whole_files_only(tmp_path):
+  from multilevel import files, metrics
+  assert metrics.write_json_atomic is files.write_json_atomic
+  path = tmp_path / "sub" / "out.json"
+  files.write_json_atomic(str(path), {"b": 1, "a": [1, 2]})
+  assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+  assert oct(path.stat().st_mode & 0o777) == "0o644"
+  files.write_text_atomic(str(path), "new")
+  assert path.read_text() == "new"
+  with pytest.raises(RuntimeError, match="half way"):
+    with files.atomic_path(str(path)) as tmp, open(tmp, "w") as f:
+      f.write("half")
+      raise RuntimeError("half way")
+  assert path.read_text() == "new" and sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+
 def test_default_config_fields():
   cfg = default_config()
   for field in ("name", "tokenizer", "vocab_size", "tokenizer_type", "val_fraction", "cache_dir",

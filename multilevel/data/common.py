@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 from typing import Any
 from urllib.parse import urlparse
 
@@ -100,16 +99,6 @@ def file_sha1(path: str, length: int = 16) -> str:
     for chunk in iter(lambda: f.read(1 << 20), b""):
       h.update(chunk)
   return h.hexdigest()[:length]
-
-
-def atomic_write_text(path: str, text: str) -> None:
-  """Writes through a temporary file so concurrent hosts never see half a file."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.chmod(tmp, 0o644)  # mkstemp makes 0600; caches may be shared
-  os.replace(tmp, path)
 
 
 def hub_offline() -> bool:

@@ -22,6 +22,7 @@ from absl import logging
 from multilevel.data import common
 from multilevel.data import pipeline
 from multilevel.data import tokenizer as tokenizer_lib
+from multilevel.files import atomic_path, write_text_atomic
 
 _CACHE_VERSION = 1
 _EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -180,12 +181,10 @@ def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_d
   folder = os.path.join(cache_dir, "text", key)
   bin_path, meta_path = os.path.join(folder, "tokens.bin"), os.path.join(folder, "meta.json")
   if not os.path.exists(meta_path):
-    os.makedirs(folder, exist_ok=True)
     dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    tmp = f"{bin_path}.tmp-{os.getpid()}"
     num_docs = num_tokens = 0
     logging.info("Tokenizing %s into %s", source.description, folder)
-    with open(tmp, "wb") as f:
+    with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
       for chunk in _chunks(source.documents()):
         encodings = tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False)
         parts = []
@@ -196,11 +195,10 @@ def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_d
         flat.tofile(f)
         num_docs += len(chunk)
         num_tokens += flat.size
-    os.replace(tmp, bin_path)
     meta = {"num_tokens": num_tokens, "num_documents": num_docs, "dtype": np.dtype(dtype).name,
             "source": source.description}
-    common.atomic_write_text(meta_path, json.dumps(meta))
-  with open(meta_path) as f:
+    write_text_atomic(meta_path, json.dumps(meta))
+  with open(meta_path, encoding="utf-8") as f:
     meta = json.load(f)
   if meta["num_tokens"] == 0:
     raise ValueError(f"{source.description} holds no text (0 tokens after tokenizing): check the files or "

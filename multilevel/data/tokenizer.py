@@ -15,6 +15,7 @@ from absl import logging
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from multilevel.data import common
+from multilevel.files import write_text_atomic
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<mask>", "<unk>")
 # Names looked up, in order, in a tokenizer that was not trained here.
@@ -128,7 +129,7 @@ def train_or_load_cached(texts: Callable[[], Iterable[str]], *, kind: str, vocab
     tok.train_from_iterator(_capped(texts(), max_chars), trainer=trainer)
   if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
     raise ValueError(f"The corpus {corpus_key} gave no tokens to train a tokenizer on: is it empty?")
-  common.atomic_write_text(path, tok.to_str())
+  write_text_atomic(path, tok.to_str())
   return path
 
 
