@@ -13,7 +13,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from multilevel.data import DataInfo, default_config, make_data  # noqa: E402
+from multilevel.data import DataConfig, DataInfo, default_config, make_data  # noqa: E402
 from tests.data_util import assert_same_batches, take  # noqa: E402
 from multilevel.data import pipeline  # noqa: E402
 
@@ -155,6 +155,52 @@ def test_default_config_fields():
   assert cfg.vocab_size == 2048 and cfg.val_fraction == 0.05 and cfg.prefetch == 2
 
 
+def test_data_config_is_the_one_home_of_the_defaults():
+  import dataclasses
+  assert default_config().to_dict() == dataclasses.asdict(DataConfig())
+  assert DataConfig.from_config(default_config()) == DataConfig.from_config({}) == DataConfig()
+  assert DataConfig.from_config({}).tokenizer_max_chars == 200_000_000  # a dict config no longer means "no cap"
+  c = DataConfig(vocab_size=300)
+  assert DataConfig.from_config(c) is c
+  assert DataConfig.from_config(c.to_config()) == c
+
+
+def test_data_config_coerces_what_is_safe():
+  c = DataConfig.from_config({"val_fraction": 0, "vocab_size": np.int64(512), "files": ["a/*.txt", "b.txt"]})
+  assert c.val_fraction == 0.0 and isinstance(c.val_fraction, float)
+  assert c.vocab_size == 512 and type(c.vocab_size) is int
+  assert c.files == ("a/*.txt", "b.txt")
+  assert DataConfig.from_config({"files": "a/*.txt,b.txt", "augment": "strong"}).augment == "strong"
+
+
+def test_data_config_refuses_unknown_keys_and_wrong_types():
+  with pytest.raises(ValueError, match="unknown key.*vocab_sise.*valid keys are name, config_name.*vocab_size"):
+    DataConfig.from_config({"vocab_sise": 512})
+  cfg = default_config()
+  cfg.unused = 1
+  with pytest.raises(ValueError, match="unknown key.*unused"):
+    make_data(cfg, kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
+  cases = [("vocab_size", "512", "int"), ("vocab_size", 512.0, "int"), ("streaming", 1, "bool"),
+           ("prefetch", True, "int"), ("val_fraction", "0.1", "float"), ("files", ["a", 3], "str or a list of str"),
+           ("tokenizer", None, "str"), ("augment", 1, "bool or str")]
+  for key, value, expected in cases:
+    with pytest.raises(TypeError) as e:
+      DataConfig.from_config({key: value})
+    assert f"cfg.{key} = {value!r}" in str(e.value) and f"expected {expected}" in str(e.value), str(e.value)
+  with pytest.raises(TypeError, match="DataConfig, a ConfigDict or a dict"):
+    DataConfig.from_config([("vocab_size", 512)])
+
+
+def test_data_config_refuses_meaningless_values():
+  with pytest.raises(ValueError, match="cfg.split is empty.*'train'"):
+    DataConfig(split="")
+  with pytest.raises(ValueError, match="sample_by must be one of document, paragraph, line"):
+    DataConfig(sample_by="sentence")
+  for bad in (1.0, -0.1):
+    with pytest.raises(ValueError, match="val_fraction must be in"):
+      DataConfig(val_fraction=bad)
+
+
 # ---------------------------------------------------------------------- text
 def test_parquet_text_offline(parquet_files, tmp_path):
   cfg = _cfg(tmp_path, files=parquet_files, max_eval_batches=3)
@@ -179,6 +225,14 @@ def test_parquet_text_offline(parquet_files, tmp_path):
   assert info2 == info
   assert_same_batches(take(train2, 3), batches)
   train2.close()
+  # A plain dict and a DataConfig of the same fields: the same data.
+  for same in (cfg.to_dict(), DataConfig.from_config(cfg)):
+    train3, evaluation3, info3 = make_data(same, kind="text", batch_size=4, seq_len=16, seed=3, process_index=0,
+                                           process_count=1)
+    assert info3 == info
+    assert_same_batches(take(train3, 3), batches)
+    assert_same_batches(list(evaluation3()), ev1)
+    train3.close()
 
 
 def test_text_resume_through_make_data(parquet_files, tmp_path):

