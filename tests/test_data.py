@@ -8,6 +8,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -400,3 +401,72 @@ def test_empty_corpus(tmp_path):
   pq.write_table(pa.table({"text": ["", "   ", "\n"]}), str(path))
   with pytest.raises(ValueError, match="empty|no text|no tokens"):
     make_data(_cfg(tmp_path, files=str(path)), kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
+
+
+def test_empty_txt_files_and_folders(tmp_path):
+  (tmp_path / "empty.txt").write_text("")
+  (tmp_path / "blank.txt").write_text("\n\n  \n")
+  kw = dict(kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
+  with pytest.raises(ValueError, match=r"2 local text file\(s\).*holds no text"):
+    make_data(_cfg(tmp_path, files=str(tmp_path / "*.txt")), **kw)
+  (tmp_path / "docs").mkdir()
+  with pytest.raises(FileNotFoundError, match="No file matches .*docs.*cfg.files"):
+    make_data(_cfg(tmp_path, files=str(tmp_path / "docs" / "*.txt")), **kw)
+
+
+def _damage(tmp_path, case):
+  """(glob, damaged path, expected message) of a corpus with one damaged file."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  docs = _docs(40, seed=3)
+  lines = [json.dumps({"text": d}) for d in docs]
+  folder = tmp_path / case
+  folder.mkdir()
+  if case == "parquet":
+    for i in range(2):
+      pq.write_table(pa.table({"text": docs[i::2]}), str(folder / f"part-{i}.parquet"))
+    bad = folder / "part-1.parquet"
+    bad.write_bytes(bad.read_bytes()[:-40])  # the footer is gone
+    return str(folder / "*.parquet"), bad, "it is not a readable Parquet file .*Re-create it, or leave the file out"
+  if case == "jsonl":
+    (folder / "a.jsonl").write_text("\n".join(lines[:20]) + "\n")
+    bad = folder / "b.jsonl"
+    bad.write_text("\n".join(lines[20:27] + ['{"text": "the king'] + lines[27:]) + "\n")
+    return str(folder / "*.jsonl"), bad, "line 8 is not valid JSON .*Fix or remove that line, or leave the file out"
+  if case == "json":
+    bad = folder / "corpus.json"
+    bad.write_text("[\n" + ",\n".join(lines[:10]) + ",\n{\"text\": }\n]\n")
+    return str(bad), bad, "it is not valid JSON .*line 12, column 10.*Fix it, or leave the file out"
+  if case in ("txt", "jsonl-latin1"):
+    ext = "txt" if case == "txt" else "jsonl"
+    for i, doc in enumerate(docs[:5]):
+      (folder / f"doc{i}.{ext}").write_text(json.dumps({"text": doc}) if ext == "jsonl" else doc)
+    bad = folder / f"doc3.{ext}"
+    text = "Le roi est mort.\nCaf\xe9 au lait.\n"
+    bad.write_bytes((json.dumps({"text": text}, ensure_ascii=False) if ext == "jsonl" else text).encode("latin-1"))
+    line, column = (2, 4) if ext == "txt" else (1, 32)
+    return (str(folder / f"*.{ext}"), bad,
+            f"line {line} is not UTF-8 text \\(byte 0xe9 at column {column}\\).*Convert it to UTF-8")
+  raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["parquet", "jsonl", "json", "txt", "jsonl-latin1"])
+def test_damaged_text_file_is_named(tmp_path, case):
+  files, bad, expected = _damage(tmp_path, case)
+  kw = dict(kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
+  where = re.escape(str(bad))
+  with pytest.raises(ValueError, match=f"The (text|json|parquet) file {where} cannot be read: {expected}") as e:
+    make_data(_cfg(tmp_path, files=files), **kw)
+  assert e.value.__cause__ is None and e.value.__suppress_context__  # no pyarrow / json / codec trace behind it
+
+
+def test_damaged_file_while_tokenizing_leaves_no_temporary_file(tmp_path, parquet_files):
+  kw = dict(kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
+  train, _, info = make_data(_cfg(tmp_path, files=parquet_files), **kw)
+  train.close()
+  files, bad, expected = _damage(tmp_path, "parquet")
+  cfg = _cfg(tmp_path, files=files, tokenizer=info.tokenizer_path)  # no training: the token stream meets the file
+  with pytest.raises(ValueError, match=f"{re.escape(str(bad))} cannot be read: {expected}"):
+    make_data(cfg, **kw)
+  folders = list((tmp_path / "cache" / "text").iterdir())
+  assert len(folders) == 2 and sum(len(list(f.iterdir())) for f in folders) == 2  # the first corpus' bin + meta only

@@ -8,6 +8,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -189,3 +191,78 @@ def test_image_errors(tmp_path):
     make_data(_cfg(tmp_path, folder=str(tmp_path / "empty")), kind="images", batch_size=4, **ONE_HOST)
   with pytest.raises(ValueError, match="Unknown image data"):
     make_data(_cfg(tmp_path, name="imagenet"), kind="images", batch_size=4, **ONE_HOST)
+
+
+def test_image_folder_without_class_folders(tmp_path, image_folder):
+  flat = tmp_path / "flat"
+  flat.mkdir()
+  for i, name in enumerate(("cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png")):
+    shutil.copy(os.path.join(image_folder, name), flat / f"{i}.png")
+  with pytest.raises(ValueError, match="No images .* in class sub-folders of .*flat: expected <folder>/<class name>/"):
+    make_data(_cfg(tmp_path, folder=str(flat)), kind="images", batch_size=4, **ONE_HOST)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-an-image", "empty", "first-file"])
+def test_damaged_image_in_folder_is_named(tmp_path, image_folder, damage):
+  root = tmp_path / "images"
+  shutil.copytree(image_folder, root)
+  bad = root / ("cat/0.png" if damage == "first-file" else "dog/5.png")
+  data = bad.read_bytes()
+  bad.write_bytes({"truncated": data[:len(data) // 2], "empty": b""}.get(damage, b"GIF89a but not really" * 4))
+  cfg = _cfg(tmp_path, folder=str(root), val_fraction=0.2, prefetch=2)
+  expected = f"Image {re.escape(str(bad))} cannot be decoded .*damaged or truncated. Replace or delete it"
+  with pytest.raises(ValueError, match=expected):
+    train, evaluation, _ = make_data(cfg, kind="images", batch_size=4, image_size=10, **ONE_HOST)
+    take(train, 10)
+    list(evaluation())
+
+
+def _write_idx(path, array, keep=None, gzip_keep=None):
+  import gzip
+  raw = bytes([0, 0, 8, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape) + array.tobytes()
+  packed = gzip.compress(raw[:keep])
+  path.write_bytes(packed[:gzip_keep])
+
+
+@pytest.fixture
+def fake_fashion_mnist(tmp_path, monkeypatch):
+  """A tiny IDX copy of Fashion-MNIST's four files, put where the default source looks."""
+  folder = tmp_path / "fashion-mnist"
+  folder.mkdir()
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 40), ("t10k", 16)):
+    _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+    _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", (np.arange(n) % 10).astype(np.uint8))
+  monkeypatch.setattr(images, "FASHION_MNIST_DIRS", (str(folder),))
+  return folder
+
+
+def test_fashion_mnist_idx_files(tmp_path, fake_fashion_mnist):
+  train, evaluation, info = make_data(_cfg(tmp_path), kind="images", batch_size=8, image_size=28, **ONE_HOST)
+  assert info.num_train_examples == 40 and info.num_eval_examples == 16 and info.image_shape == (28, 28, 1)
+  assert next(train)["image"].shape == (8, 28, 28, 1) and len(list(evaluation())) == 2
+  train.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated-data", "truncated-gzip", "no-header", "missing", "labels-mismatch"])
+def test_damaged_idx_file_is_named(tmp_path, fake_fashion_mnist, damage):
+  x = np.random.default_rng(1).integers(0, 255, (40, 28, 28), dtype=np.uint8)
+  path = fake_fashion_mnist / "train-images-idx3-ubyte.gz"
+  where = re.escape(str(path))
+  if damage == "truncated-data":
+    _write_idx(path, x, keep=16 + 1000)
+    expected = f"{where} is truncated or damaged: its header promises 40x28x28 = 31,360 bytes, it holds 1,000"
+  elif damage == "truncated-gzip":
+    _write_idx(path, x, gzip_keep=500)
+    expected = f"{where} cannot be read as gzip .*truncated or damaged"
+  elif damage == "no-header":
+    _write_idx(path, x, keep=3)
+    expected = f"{where} is not an unsigned-byte IDX file"
+  elif damage == "missing":
+    (fake_fashion_mnist / "t10k-labels-idx1-ubyte.gz").unlink()
+    expected = f"{re.escape(str(fake_fashion_mnist))}/t10k-labels-idx1-ubyte.gz is missing"
+  else:
+    _write_idx(path, x[:39])
+    expected = f"The train files of Fashion-MNIST in {re.escape(str(fake_fashion_mnist))} do not match"
+  with pytest.raises((ValueError, FileNotFoundError), match=f"{expected}.*reinstall the Debian package dataset-"):
+    make_data(_cfg(tmp_path), kind="images", batch_size=8, image_size=28, **ONE_HOST)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import gzip
+import math
 import os
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -88,13 +90,24 @@ def array_split(x: np.ndarray, y: np.ndarray) -> ImageSplit:
 
 # ------------------------------------------------------------------ sources
 def _read_idx(path: str) -> np.ndarray:
-  with gzip.open(path, "rb") as f:
-    data = f.read()
-  if data[:2] != b"\x00\x00" or data[2] != 0x08:
-    raise ValueError(f"{path} is not an unsigned-byte IDX file.")
+  """The uint8 array of a gzipped IDX file, checked against its header."""
+  fix = "reinstall the Debian package dataset-fashion-mnist (apt-get install --reinstall dataset-fashion-mnist)"
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing; {fix}.")
+  try:
+    with gzip.open(path, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise ValueError(f"{path} cannot be read as gzip ({e}): it is truncated or damaged; {fix}.") from None
+  if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+    raise ValueError(f"{path} is not an unsigned-byte IDX file; {fix}.")
   ndim = data[3]
+  offset = 4 + 4 * ndim
   dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-  return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+  if len(data) < offset or len(data) - offset != math.prod(dims):
+    raise ValueError(f"{path} is truncated or damaged: its header promises {'x'.join(map(str, dims))} = "
+                     f"{math.prod(dims):,} bytes, it holds {max(0, len(data) - offset):,}; {fix}.")
+  return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
 
 
 def find_fashion_mnist() -> str | None:
@@ -111,6 +124,9 @@ def default_source(size: int, resize: bool, val_fraction: float, split_seed: int
     for split, prefix in (("train", "train"), ("test", "t10k")):
       x = _read_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"))
       y = _read_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"))
+      if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(f"The {prefix} files of Fashion-MNIST in {folder} do not match (images {x.shape}, labels "
+                         f"{y.shape}); reinstall the Debian package dataset-fashion-mnist.")
       parts[split] = array_split(fit_array(x, size, resize), y)
     return ImageSet(parts["train"], parts["test"], 10, flip_ok=True,
                     description=f"Fashion-MNIST from the Debian package dataset-fashion-mnist ({folder}): 60,000 train "
@@ -205,6 +221,11 @@ def _class_files(root: str, classes: list[str] | None = None):
   return classes, files, np.asarray(labels, dtype=np.int32)
 
 
+def _bad_image(file: str, error: BaseException) -> ValueError:
+  return ValueError(f"Image {file} cannot be decoded ({type(error).__name__}: {error}): it is damaged or truncated. "
+                    "Replace or delete it (cfg.folder reads every file with an image extension).")
+
+
 def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """A folder with one sub-folder per class, or with train/ and val|validation|test/ inside."""
   path = os.path.expanduser(path)
@@ -223,9 +244,12 @@ def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) ->
   if not classes or not files:
     raise ValueError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) in class sub-folders of {train_root}: expected "
                      "<folder>/<class name>/<image files>.")
-  with Image.open(files[0]) as first:
-    mode = "L" if first.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB"
-    native = first.size[0] if first.size[0] == first.size[1] else None
+  try:
+    with Image.open(files[0]) as first:
+      mode = "L" if first.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB"
+      native = first.size[0] if first.size[0] == first.size[1] else None
+  except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for a damaged file.
+    raise _bad_image(files[0], e) from None
   target = size or native
   if target is None:
     raise ValueError(f"The images in {path} are not square: pass image_size to make_data.")
@@ -233,8 +257,11 @@ def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) ->
   workers = cfg.num_workers
 
   def load(file):
-    with Image.open(file) as im:
-      img = np.asarray(im.convert(mode), dtype=np.uint8).reshape(im.size[1], im.size[0], channels)
+    try:
+      with Image.open(file) as im:
+        img = np.asarray(im.convert(mode), dtype=np.uint8).reshape(im.size[1], im.size[0], channels)
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for a damaged file.
+      raise _bad_image(file, e) from None
     return fit_image(img, target, resize, f"Image {file}")
 
   def split_of(fs, ls):

@@ -20,6 +20,7 @@ import numpy as np
 from absl import logging
 
 from multilevel.data import common
+from multilevel.data import damaged
 from multilevel.data import pipeline
 from multilevel.data import tokenizer as tokenizer_lib
 from multilevel.data.config import DataConfig
@@ -116,11 +117,14 @@ def files_source(cfg: DataConfig) -> TextSource:
   stats = [(p, os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
   field = "text" if builder == "text" else cfg.text_field
 
-  def documents():
+  def rows():
     import datasets
     # Streaming reads the files as they are: no Arrow copy in the HF cache.
-    ds = datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
-    return _rows_to_texts(ds, field, f"The {builder} files {paths[0]}...", max_docs)
+    yield from datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
+
+  def documents():
+    checked = damaged.named_on_failure(rows(), paths, builder)  # a damaged file is named, not a pyarrow trace
+    return _rows_to_texts(checked, field, f"The {builder} files {paths[0]}...", max_docs)
 
   desc = f"{len(paths)} local {builder} file(s) ({paths[0]}{', ...' if len(paths) > 1 else ''})"
   return TextSource(key=["files", stats, field, sample_by, max_docs], documents=documents, description=desc)
