@@ -31,7 +31,7 @@ class DataConfig:
   eval_split: str = ""  # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
   streaming: bool = False  # HF hub: stream instead of downloading the whole set.
   max_documents: int = 0  # Text: stop after this many documents (0 = all); handy when streaming.
-  files: str | tuple[str, ...] = ""  # Text: a glob, comma-separated globs or a list of .txt/.md/.json/.jsonl/.parquet.
+  files: str | tuple[str, ...] = ""  # Text: comma-separated globs (or a list) of .txt/.md/.json/.jsonl/.parquet files.
   text_field: str = "text"  # Text: the field (column) of .json/.jsonl/.parquet rows and hub sets holding the text.
   sample_by: str = "document"  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
   folder: str = ""  # Images: a folder with one sub-folder per class (or train/ and val/ inside).
@@ -42,7 +42,7 @@ class DataConfig:
   vocab_size: int = 2048  # Size of a trained tokenizer's vocabulary, special tokens included.
   tokenizer_max_chars: int = 200_000_000  # Train the tokenizer on at most this much text (0 = all of it).
   # Pipeline.
-  val_fraction: float = 0.05  # Share of the examples held out for validation when the source has no eval split.
+  val_fraction: float = 0.05  # Share held out for validation (text; images whose source has no eval split).
   split_seed: int = 0  # Seed of the train/validation split (kept apart from the shuffle seed).
   cache_dir: str = "~/.cache/multilevel"  # Trained tokenizers and token streams.
   augment: bool | str = True  # Images, train only: random crop with padding + horizontal flip ('strong': + erasing).
