@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from multilevel.files import write_json_atomic  # noqa: F401  (re-exported: callers import it from here)
 from multilevel.tree import flatten
 
 
@@ -116,11 +117,3 @@ def params_digest(params) -> str:
     h.update(f"{name}:{x.shape}:{x.dtype};".encode())
     h.update(x.tobytes())
   return h.hexdigest()
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)

