@@ -17,7 +17,7 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from multilevel.typed_config import ConfigError
+from multilevel.typed_config import ConfigError, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,7 @@ class CheckpointConfig:
   async_save: bool = True  # Write in the background while training goes on.
 
   def __post_init__(self):
+    check_fields(self, "checkpoint")
     if self.every < 0 or self.keep < 1:
       raise ConfigError(f"checkpoint.every must be >= 0 and checkpoint.keep >= 1, got {self.every} and {self.keep}.")
 

@@ -14,6 +14,7 @@ CACHE = os.path.join(ROOT, ".cache", "test-data")  # Tokenizers trained once, sh
 def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
   """The real ``experiments/configs/<family>.py:test`` config, optionally 4 layers x 4 heads (for 3 levels)."""
   from experiments.configs import bert, deit, gpt
+  from experiments.configs.common import override
   c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("test")
   c.unlock()
   c.cycle.levels = levels
@@ -22,13 +23,7 @@ def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
   c.data.cache_dir = CACHE
   if deep:
     c.model.num_layers, c.model.num_heads, c.model.head_dim = 4, 4, 8
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return override(c, overrides)
 
 
 def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[str]:

@@ -203,3 +203,22 @@ def test_config_validation():
 def test_params_round_trip_through_flat_paths():
   p = M.abstract_params(TINY["deit-distill"])
   assert jax.tree.structure(unflatten(flatten(p))) == jax.tree.structure(p)
+
+
+def test_inputs_the_model_cannot_take_are_refused_with_the_limit():
+  cfg = M.preset("gpt-test")
+  params = M.init_params(cfg, 0)
+  with pytest.raises(ValueError, match=r"17 tokens is longer than the model's max_len=16"):
+    M.apply(cfg, params, jnp.zeros((1, 17), jnp.int32))
+  with pytest.raises(ValueError, match=r"in \[0, vocab_size=128\); these range over \[121, 128\]"):
+    M.apply(cfg, params, jnp.arange(129)[None, -8:])
+  with pytest.raises(ValueError, match="integer ids of shape"):
+    M.apply(cfg, params, jnp.zeros((1, 4), jnp.float32))
+  with pytest.raises(ValueError, match="longer than the model's max_len"):  # Shapes are checked under jit too.
+    jax.jit(lambda p, t: M.apply(cfg, p, t))(params, jnp.zeros((2, 20), jnp.int32))
+  bert = M.preset("bert-test")
+  with pytest.raises(ValueError, match="vocab_size=128"):
+    M.apply(bert, M.init_params(bert, 0), jnp.full((1, 4), -1, jnp.int32))
+  deit = M.preset("deit-test")
+  with pytest.raises(ValueError, match=r"\(batch, 8, 8, 1\) \(image_size=8, num_channels=1\), got \(2, 8, 8, 3\)"):
+    M.apply(deit, M.init_params(deit, 0), jnp.zeros((2, 8, 8, 3)))

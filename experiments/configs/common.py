@@ -41,6 +41,42 @@ def apply_size(c: ml_collections.ConfigDict, preset: str) -> None:
     c.model[key] = value
 
 
+def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """Sets dotted keys (``{"train.lr": 1e-3, "cycle.levels": 1}``) on ``c``, as ``--config.train.lr=`` does.
+
+  Strings are parsed as the command line parses them (``"3e-4"``, ``"true"``, ``"(1.0, 2.0)"``) when the field is
+  not a string; an unknown key raises naming the valid keys of its section. Returns ``c``.
+  """
+  import ast
+  for key, value in values.items():
+    node, parts = c, key.split(".")
+    for i, part in enumerate(parts):
+      if part not in node:
+        section = ".".join(parts[:i]) or "the config"
+        raise KeyError(f"unknown key {key!r}; valid keys of {section}: {', '.join(node.keys())}.")
+      if i < len(parts) - 1:
+        node = node[part]
+    old = node[parts[-1]]
+    if isinstance(value, str) and not isinstance(old, str):
+      text = value.strip()
+      value = {"true": True, "false": False}.get(text.lower(), None) if isinstance(old, bool) else None
+      if value is None:
+        value = ast.literal_eval(text)
+    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    with c.unlocked() if c.is_locked else _nothing():
+      node[parts[-1]] = tuple(value) if isinstance(old, tuple) and isinstance(value, list) else value
+  return c
+
+
+class _nothing:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
 PROTOCOLS = ("", "reference")
 
 

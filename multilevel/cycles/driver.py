@@ -24,6 +24,7 @@ import numpy as np
 from absl import logging
 
 from multilevel import models as M
+from multilevel import operators as O
 from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
@@ -217,6 +218,12 @@ class Runner:
     """Runs the method's transition into ``dst`` (compiled ahead; its run time counted as transition seconds),
     then evaluates its probes and the resulting parameters, logged as events and not timed."""
     t = self.method.transition(self.plan, src, dst)
+    try:  # The operators run under jit, where they cannot look at values: one eager check of what they receive.
+      O.require_finite(state.params, f"stage {src.name}")
+    except ValueError as e:
+      raise FloatingPointError(f"{e} Global step {self.pos.global_step}, before the transition into stage "
+                               f"{dst.name}; nothing was saved after it, the last good checkpoint is in "
+                               f"{self.ckpt.directory}.") from None
 
     def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
       compiled = self._compile(lambda: jax.jit(fn, out_shardings=self.rep).lower(carry).compile())

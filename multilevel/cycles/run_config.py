@@ -17,7 +17,7 @@ from multilevel.cycles.vcycle import CycleConfig
 from multilevel.models import ModelConfig, family_of
 from multilevel.train.config import TrainConfig
 from multilevel.train.objectives import ObjectiveConfig
-from multilevel.typed_config import ConfigError, as_mapping, section_from
+from multilevel.typed_config import ConfigError, as_mapping, coerce, section_from
 
 # Settings that do not change what is trained; a resumed run may change them freely.
 NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices")
@@ -36,8 +36,14 @@ class RunConfig:
   progress: bool = True
   tensorboard: bool = True
 
+  def __post_init__(self):
+    for name in ("init_from", "progress", "tensorboard"):
+      check = {"init_from": str, "progress": bool, "tensorboard": bool}[name]
+      object.__setattr__(self, name, coerce(getattr(self, name), check, name))
+
   @classmethod
   def from_config(cls, c) -> "RunConfig":
+    from multilevel.data import DataConfig  # The data stack is heavy; only a run needs it.
     if isinstance(c, RunConfig):
       return c
     d = as_mapping(c)
@@ -51,12 +57,11 @@ class RunConfig:
     if set(model) - fields:
       raise ConfigError(f"unknown key {', '.join('model.' + k for k in sorted(set(model) - fields))}; valid keys "
                         f"of 'model': {', '.join(f.name for f in dataclasses.fields(ModelConfig))}.")
-    return cls(model=model, data=d.get("data"),  # Typed by the data package (make_data) at its boundary.
+    return cls(model=model, data=DataConfig.from_config(d.get("data"), "data"),
                train=section_from(TrainConfig, d.get("train"), "train"),
                cycle=section_from(CycleConfig, d.get("cycle"), "cycle"),
                checkpoint=section_from(CheckpointConfig, d.get("checkpoint"), "checkpoint"),
-               init_from=str(d.get("init_from", "") or ""), progress=bool(d.get("progress", True)),
-               tensorboard=bool(d.get("tensorboard", True)))
+               **{k: d[k] for k in ("init_from", "progress", "tensorboard") if k in d})
 
 
 def model_config(run, info) -> ModelConfig:

@@ -30,7 +30,7 @@ from multilevel.models import ModelConfig
 from multilevel.operators.mapping import DEPTH_GROWTH, DEPTH_MODES
 from multilevel.train.config import TrainConfig
 from multilevel.train.optim import LrSchedule, carry_moments
-from multilevel.typed_config import ConfigError, section_from
+from multilevel.typed_config import ConfigError, check_fields, section_from
 
 OPT_POLICIES = ("reset", "carry")
 FINAL_SCHEDULES = ("restart", "baseline_tail")
@@ -54,6 +54,7 @@ class CycleConfig:
   depth_schemes: Any = ""
   embed_factor: float = 0.0  # 0 = the group size (the reference's 2 for pairs).
   preln_exact: bool = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2).
+  allow_unequal_width_groups: bool = False  # Width schemes whose groups differ in size (they change the function).
   depth_growth: str = "zero"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN)
   # Per level, target model first; cut to the number of levels used.
   down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
@@ -68,6 +69,7 @@ class CycleConfig:
   restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
 
   def __post_init__(self):
+    check_fields(self, "cycle")
     if self.levels < 1:
       raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
     choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES),
@@ -134,7 +136,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
     m = O.make_mapping(cfg, width=widths[i], depth=depths[i], width_factor=cycle.width_factor,
                        depth_factor=cycle.depth_factor, depth_mode=cycle.depth_mode,
                        embed_factor=cycle.embed_factor or None, preln_exact=cycle.preln_exact,
-                       depth_growth=cycle.depth_growth)
+                       depth_growth=cycle.depth_growth, allow_unequal_width_groups=cycle.allow_unequal_width_groups)
     maps.append(m)
     cfg = m.small
   levels = (model,) + tuple(m.small for m in maps)
@@ -174,22 +176,25 @@ def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
   if dst.enter == "coalesce":
     m = plan.maps[src.level]
     # This level, right now, is the interpolation partner of the way back up.
-    coalesce = lambda c: {"params": O.coalesce(c["params"], m), "put": {src.level: c["params"]}}
+    coalesce = lambda c: {"params": O.coalesce(c["params"], m, check_finite=False), "put": {src.level: c["params"]}}
     return _complete(plan, dst, "coalesce", [("coalesce", coalesce)], "after_coalesce", (), (src.level,), {},
-                     lambda t: O.coalesce(t, m, check=False))
+                     lambda t: O.coalesce(t, m, check=False, check_finite=False))
   if dst.enter == "grow":
     m = plan.maps[dst.level]
     noise, seed = cycle.split_noise, plan.seed + 1000 + dst.index
 
     def grow(c):
-      grown = O.decoalesce(c["params"], m)
-      return {"after_decoalesce": O.split_noise(grown, m, scale=noise, seed=seed) if noise else grown}
+      grown = O.decoalesce(c["params"], m, check_finite=False)
+      if noise:
+        grown = O.split_noise(grown, m, scale=noise, seed=seed, check_finite=False)
+      return {"after_decoalesce": grown}
 
     def interpolate(c):
-      return {"params": O.interpolate(c["after_decoalesce"], c["taken"][dst.level], w_pre=cycle.w_pre)}
+      return {"params": O.interpolate(c["after_decoalesce"], c["taken"][dst.level], w_pre=cycle.w_pre,
+                                      check_finite=False)}
 
     return _complete(plan, dst, "grow", [("grow", grow), ("interpolate", interpolate)], "after_interpolate",
-                     (dst.level,), (), {"after_decoalesce": dst.level}, lambda t: O.decoalesce(t, m, check=False))
+                     (dst.level,), (), {"after_decoalesce": dst.level}, lambda t: O.decoalesce(t, m, check=False, check_finite=False))
   raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
 
 

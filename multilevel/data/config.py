@@ -8,12 +8,11 @@ wrong type, and the rest of the package reads attributes.
 from __future__ import annotations
 
 import dataclasses
-import numbers
-import types
-import typing
 from typing import Any, Mapping
 
 import ml_collections
+
+from multilevel.typed_config import check_fields, section_from
 
 # Fields where an empty string has no meaning (each has a non-empty default).
 _NOT_EMPTY = ("split", "text_field", "sample_by", "cache_dir")
@@ -54,8 +53,7 @@ class DataConfig:
   max_eval_batches: int = 16  # Validation batches per evaluation (0 = no evaluation).
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      object.__setattr__(self, field.name, _checked(field.name, getattr(self, field.name), _HINTS[field.name]))
+    check_fields(self, "cfg")
     for name in _NOT_EMPTY:
       if not getattr(self, name):
         raise ValueError(f"cfg.{name} is empty; leave it out for the default {_DEFAULTS[name]!r}, or name one.")
@@ -65,21 +63,11 @@ class DataConfig:
       raise ValueError(f"cfg.val_fraction must be in [0, 1), got {self.val_fraction}.")
 
   @classmethod
-  def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any]) -> DataConfig:
-    """A DataConfig from a DataConfig, a ConfigDict or a dict; missing keys take the defaults above."""
-    if isinstance(c, cls):
-      return c
-    if isinstance(c, ml_collections.ConfigDict):
-      values = c.to_dict()
-    elif isinstance(c, Mapping):
-      values = dict(c)
-    else:
-      raise TypeError(f"The data config must be a DataConfig, a ConfigDict or a dict, got {type(c).__name__}.")
-    unknown = sorted(set(values) - set(_DEFAULTS))
-    if unknown:
-      raise ValueError(f"The data config has unknown key(s) {', '.join(unknown)}; the valid keys are "
-                       f"{', '.join(_DEFAULTS)}.")
-    return cls(**values)
+  def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any], section: str = "cfg"
+                  ) -> DataConfig:
+    """A DataConfig from a DataConfig, a ConfigDict or a dict; missing keys take the defaults above, unknown keys
+    and wrong types are refused naming ``section.key`` (the run config passes ``section="data"``)."""
+    return section_from(cls, c, section)
 
   def to_config(self) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dataclasses.asdict(self))
@@ -91,24 +79,3 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
-_HINTS = typing.get_type_hints(DataConfig)
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float (or int)", str: "str"}
-
-
-def _checked(name: str, value: Any, hint: Any) -> Any:
-  """``value`` as the type ``hint`` of field ``name`` (int to float, list of str to tuple), else a TypeError."""
-  options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-  for option in options:
-    if option is bool and isinstance(value, bool):
-      return value
-    if option is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
-      return int(value)
-    if option is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
-      return float(value)
-    if option is str and isinstance(value, str):
-      return value
-    if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)) and all(
-        isinstance(v, str) for v in value):
-      return tuple(value)
-  expected = " or ".join(_TYPE_NAMES.get(o, "a list of str") for o in options)
-  raise TypeError(f"cfg.{name} = {value!r} has the wrong type {type(value).__name__}: expected {expected}.")

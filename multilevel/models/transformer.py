@@ -12,6 +12,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
@@ -37,7 +38,8 @@ def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
     raise ValueError(f"A sequence of {tokens_BxT.shape[1]} tokens is longer than the model's max_len={cfg.max_len} "
                      f"(its position table); cut the sequences or build the model with a larger max_len.")
   if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
-    lo, hi = int(jnp.min(tokens_BxT)), int(jnp.max(tokens_BxT))
+    ids = np.asarray(tokens_BxT)  # On the host: a concrete array closed over by a traced function stays concrete.
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= cfg.vocab_size:
       raise ValueError(f"Token ids must lie in [0, vocab_size={cfg.vocab_size}); these range over [{lo}, {hi}]. "
                        f"The tokenizer and the model disagree: set model.vocab_size to the tokenizer's size.")

@@ -6,6 +6,7 @@ interpolation (``interpolate``) and symmetry breaking (``split_noise``), all dri
 
 from multilevel.models import check_params as check_matches_config
 from multilevel.operators.coalescing import coalesce, decoalesce
+from multilevel.operators.finite import require_finite
 from multilevel.operators.interpolation import interpolate
 from multilevel.operators.mapping import (DEPTH_MODES, GroupMap, LevelMap, default_depth_groups,
                                           default_width_groups, make_chain, make_mapping)
@@ -14,4 +15,4 @@ from multilevel.tree import check_same_structure, flatten, unflatten
 
 __all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "make_mapping", "make_chain", "LevelMap", "GroupMap",
            "DEPTH_MODES", "default_width_groups", "default_depth_groups", "check_matches_config",
-           "check_same_structure", "flatten", "unflatten"]
+           "check_same_structure", "flatten", "unflatten", "require_finite"]

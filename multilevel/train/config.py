@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from multilevel.train.optim import DECAYS
-from multilevel.typed_config import ConfigError
+from multilevel.typed_config import ConfigError, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,7 @@ class TrainConfig:
   eval_every: int = 50  # 0: evaluate only at the end of each stage.
 
   def __post_init__(self):
+    check_fields(self, "train")
     for name in ("steps", "batch_size", "grad_accum", "log_every"):
       if getattr(self, name) < 1:
         raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}.")
