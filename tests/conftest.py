@@ -1,4 +1,6 @@
-"""Shared pytest setup: make the repository importable without installing it."""
+"""Shared pytest setup: the repository importable without installing it, nothing on the network, JAX on the CPU with
+strict rank promotion, and one persistent compilation cache for the whole run (the in-process tests and the command
+line subprocesses compile the same tiny steps; later ones load them instead of compiling again)."""
 
 import os
 import sys
@@ -11,3 +13,10 @@ if ROOT not in sys.path:
 for _var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
   os.environ.setdefault(_var, "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+COMPILE_CACHE = os.path.join(ROOT, ".cache", "jax-tests")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILE_CACHE)  # Read by the subprocesses too.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")  # Implicit broadcasting of ranks is a bug here.

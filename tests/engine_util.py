@@ -29,7 +29,7 @@ def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
 def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[str]:
   out = [f"--config={os.path.join(ROOT, 'experiments', 'configs', family + '.py')}:test",
          f"--config.cycle.levels={levels}", "--config.progress=False", "--config.tensorboard=False",
-         f"--config.data.cache_dir={CACHE}", "--compilation_cache="]
+         f"--config.data.cache_dir={CACHE}", f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}"]
   if deep:
     out += ["--config.model.num_layers=4", "--config.model.num_heads=4", "--config.model.head_dim=8"]
   out += [f"--config.{k}={v}" for k, v in overrides.items()]

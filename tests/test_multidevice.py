@@ -13,6 +13,8 @@ import pytest
 from multilevel.cycles.driver import train_and_evaluate
 from tests.engine_util import config_flags, run_cli, tiny_config
 
+pytestmark = pytest.mark.slow
+
 
 def test_two_devices_match_one(tmp_path):
   one = train_and_evaluate(tiny_config("gpt", levels=2), str(tmp_path / "one"))

@@ -10,6 +10,8 @@ from multilevel.checkpoint import CheckpointError
 from multilevel.cycles.driver import train_and_evaluate
 from tests.engine_util import config_flags, read_jsonl, run_cli, tiny_config
 
+pytestmark = pytest.mark.slow
+
 OVERRIDES = {"checkpoint.every": 10}
 VOLATILE = ("train_seconds", "compile_seconds", "transition_seconds")
 

@@ -12,6 +12,8 @@ from multilevel.models import ModelConfig
 from multilevel.train import train_flops_per_step
 from tests.engine_util import read_jsonl, tiny_config
 
+pytestmark = pytest.mark.slow
+
 CASES = [(f, lv) for f in ("gpt", "bert", "deit") for lv in (1, 2, 3)]
 
 
