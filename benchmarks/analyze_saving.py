@@ -1,6 +1,6 @@
 """Merges saving-benchmark results, adds the scratch-frontier view, and plots them.
 
-  python benchmarks/analyze_saving.py benchmarks/results/saving_gpt_*.json --workroot=/tmp/mlb-gpt \
+  python -m benchmarks.analyze_saving benchmarks/results/saving_gpt_*.json --workroot=/tmp/mlb-gpt \
       --out=benchmarks/results/saving_gpt_summary.json --plot=benchmarks/results/saving_gpt.png
 
 Two views of the saving, both against scratch runs of the same model, data and seed:
@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 
-_OUT = flags.DEFINE_string("out", "", "Merged JSON with frontier savings.")
-_PLOT = flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.")
-_WORKROOT = flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.")
+from benchmarks import cli
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``; the results files are its arguments."""
+  flags.DEFINE_string("out", "", "Merged JSON with frontier savings.", flag_values=fv)
+  flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.", flag_values=fv)
+  flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.", flag_values=fv)
 
 
 def frontier_cost(points, loss):
@@ -78,7 +82,7 @@ def plot(d, path, workroot):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
   from multilevel.metrics import read_metrics
   fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
   variants = sorted({n for b in d["budgets"] for n in b["variants"]})
@@ -117,14 +121,15 @@ def plot(d, path, workroot):
 
 
 def main(argv):
+  a = cli.parse(define_flags)
   d = merge(argv[1:])
   print(table(d))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
+  if a.out:
+    with open(a.out, "w") as f:
       json.dump(d, f, indent=1)
-  if _PLOT.value:
-    plot(d, _PLOT.value, _WORKROOT.value)
+  if a.plot:
+    plot(d, a.plot, a.workroot)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, define_flags, positional=True)
