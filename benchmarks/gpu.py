@@ -182,22 +182,9 @@ def throughput(a, mesh) -> dict:
 # ------------------------------------------------------------------------------------------------ part 2: V-cycle
 
 
-def _apply(c, overrides: dict):
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    old = node[leaf]
-    if isinstance(old, bool):
-      value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    elif isinstance(old, (int, float, str)) and not isinstance(value, type(old)):
-      value = type(old)(value)
-    node[leaf] = value
-
-
 def cycle_config(a, levels: int):
   from experiments.configs import gpt
+  from experiments.configs.common import override
   c = gpt.get_config("gpt2")
   c.unlock()
   steps = a.cycle_steps
@@ -212,9 +199,8 @@ def cycle_config(a, levels: int):
     over.update({"model.num_layers": a.layers, "model.num_heads": a.heads, "model.head_dim": a.head_dim})
   if a.data_files:
     over["data.files"] = a.data_files
-  _apply(c, over)
-  _apply(c, cli.key_values(a.set))
-  return c
+  override(c, over)
+  return override(c, cli.key_values(a.set))
 
 
 def run_driver(a, name: str, levels: int) -> dict:

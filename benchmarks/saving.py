@@ -85,33 +85,21 @@ def define_flags(fv: flags.FlagValues) -> None:
                       flag_values=fv)
 
 
-def _apply(c, overrides: dict):
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = type(node[leaf])(value) if not isinstance(node[leaf], (tuple, list)) else value
-
-
 def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: int):
+  """The ``tiny`` config of ``family`` at MODELS' size, then ``extra`` (``--set``), the run's budget with ``evals``
+  evaluations, and ``overrides`` (a variant)."""
   from experiments.configs import bert, deit, gpt
+  from experiments.configs.common import override
   c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("tiny")
   c.unlock()
-  _apply(c, MODELS[family])
-  _apply(c, extra)
-  c.train.steps = steps
-  c.train.log_every = max(1, steps // 40)
-  c.train.eval_every = max(1, steps // evals)
-  c.checkpoint.every = 0
-  c.checkpoint.async_save = True
-  c.progress = False
-  c.tensorboard = False
-  c.data.max_eval_batches = 8
+  override(c, MODELS[family])
+  override(c, extra)
+  override(c, {"train.steps": steps, "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // evals),
+               "checkpoint.every": 0, "checkpoint.async_save": True, "progress": False, "tensorboard": False,
+               "data.max_eval_batches": 8})
   if family == "bert":  # Post-LN: the pre-LN width option does not apply (and is refused).
     overrides = {k: v for k, v in overrides.items() if k != "cycle.preln_exact"}
-  _apply(c, overrides)
-  return c
+  return override(c, overrides)
 
 
 def curve(records, target_only: bool = True):
