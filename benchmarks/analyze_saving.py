@@ -19,7 +19,7 @@ import os
 
 from absl import flags
 
-from benchmarks import cli
+from benchmarks import cli, saving
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -65,17 +65,19 @@ def pct(x):
   return "n/a" if x is None else f"{100 * x:+.0f}%"
 
 
-def table(d) -> str:
-  rows = ["| T (steps) | tokens/param | variant | final loss (scratch) | FLOPs used | to reach scratch: FLOPs / s saved "
-          "| frontier: FLOPs / s saved | Δloss at equal FLOPs |", "|---|---|---|---|---|---|---|---|"]
-  for b in d["budgets"]:
-    for name, v in b["variants"].items():
-      reach = (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}" if v["reached"] else "not reached")
-      rows.append(f"| {b['steps']} | {b['tokens_per_param']:.1f} | {name} | {v['final_eval_loss']:.3f} "
-                  f"({b['scratch']['final_eval_loss']:.3f}) | {v['flops_ratio_total']:.2f}x | {reach} | "
-                  f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])} | "
-                  f"{v['equal_flops_loss_diff']:+.3f} |")
-  return "\n".join(rows)
+# Savings read off the curve and on the scratch frontier; the other columns are the saving script's.
+COLUMNS: dict[str, saving.Cell] = {
+    "T (steps)": saving.COLUMNS["steps"],
+    "tokens/param": saving.COLUMNS["tokens/param"],
+    "variant": saving.COLUMNS["variant"],
+    "final loss (scratch)": saving.COLUMNS["final loss (scratch)"],
+    "FLOPs used": lambda b, name, v: f"{v['flops_ratio_total']:.2f}x",
+    "to reach scratch: FLOPs / s saved": lambda b, name, v: (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}"
+                                                             if v["reached"] else "not reached"),
+    "frontier: FLOPs / s saved":
+        lambda b, name, v: f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])}",
+    "Δloss at equal FLOPs": saving.COLUMNS["loss diff at equal FLOPs"],
+}
 
 
 def plot(d, path, workroot):
@@ -103,9 +105,7 @@ def plot(d, path, workroot):
         w = os.path.join(workroot, f"{fam}-{b['steps']}-{name}")
         if not os.path.exists(os.path.join(w, "metrics.jsonl")):
           continue
-        pts = [(r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r["eval_loss"])
-               for r in read_metrics(w)
-               if "eval_loss" in r and "flops" in r and r["level"] == 0]
+        pts = saving.curve(read_metrics(w))
         if pts:
           f, s, l = zip(*pts)
           style = "-" if name == "scratch" else "--"
@@ -123,7 +123,7 @@ def plot(d, path, workroot):
 def main(argv):
   a = cli.parse(define_flags)
   d = merge(argv[1:])
-  print(table(d))
+  print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:
       json.dump(d, f, indent=1)

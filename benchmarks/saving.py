@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import time
+from typing import Callable
 
 from absl import app, flags, logging
 
@@ -233,15 +234,28 @@ def fmt(x, pct=False):
   return f"{100 * x:+.1f}%" if pct else f"{x:.3f}"
 
 
-def table(results) -> str:
-  lines = ["| steps | tokens/param | variant | final loss (scratch) | FLOPs saved | seconds saved | "
-           "loss diff at equal FLOPs |", "|---|---|---|---|---|---|---|"]
+Cell = Callable[[dict, str, dict], str]  # (budget entry, variant name, variant result) -> the cell's text.
+
+# This script's results table, header -> cell; analyze_saving takes its shared columns from here.
+COLUMNS: dict[str, Cell] = {
+    "steps": lambda b, name, v: str(b["steps"]),
+    "tokens/param": lambda b, name, v: f"{b['tokens_per_param']:.1f}" if b["tokens_per_param"] else "-",
+    "variant": lambda b, name, v: name,
+    "final loss (scratch)": lambda b, name, v: f"{v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f})",
+    "FLOPs saved": lambda b, name, v: fmt(v["flops_saving"], True),
+    "seconds saved": lambda b, name, v: fmt(v["seconds_saving"], True),
+    "loss diff at equal FLOPs": lambda b, name, v: f"{v['equal_flops_loss_diff']:+.3f}",
+}
+
+
+def table(results: dict, columns: dict[str, Cell] | None = None) -> str:
+  """Markdown table with one row per budget and variant of ``results``; ``columns`` (default COLUMNS) maps each
+  header to its cell."""
+  columns = columns or COLUMNS
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for b in results["budgets"]:
-    tpp = f"{b['tokens_per_param']:.1f}" if b["tokens_per_param"] else "-"
     for name, v in b["variants"].items():
-      lines.append(f"| {b['steps']} | {tpp} | {name} | {v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f}) "
-                   f"| {fmt(v['flops_saving'], True)} | {fmt(v['seconds_saving'], True)} | "
-                   f"{v['equal_flops_loss_diff']:+.3f} |")
+      lines.append("| " + " | ".join(cell(b, name, v) for cell in columns.values()) + " |")
   return "\n".join(lines)
 
 
