@@ -1,6 +1,6 @@
 """Merges saving-benchmark results, adds the scratch-frontier view, and plots them.
 
-  python benchmarks/analyze_saving.py benchmarks/results/saving_gpt_*.json --workroot=/tmp/mlb-gpt \
+  python -m benchmarks.analyze_saving benchmarks/results/saving_gpt_*.json --workroot=/tmp/mlb-gpt \
       --out=benchmarks/results/saving_gpt_summary.json --plot=benchmarks/results/saving_gpt.png
 
 Two views of the saving, both against scratch runs of the same model, data and seed:
@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 
-_OUT = flags.DEFINE_string("out", "", "Merged JSON with frontier savings.")
-_PLOT = flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.")
-_WORKROOT = flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.")
+from benchmarks import cli, saving
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``; the results files are its arguments."""
+  flags.DEFINE_string("out", "", "Merged JSON with frontier savings.", flag_values=fv)
+  flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.", flag_values=fv)
+  flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.", flag_values=fv)
 
 
 def frontier_cost(points, loss):
@@ -61,24 +65,26 @@ def pct(x):
   return "n/a" if x is None else f"{100 * x:+.0f}%"
 
 
-def table(d) -> str:
-  rows = ["| T (steps) | tokens/param | variant | final loss (scratch) | FLOPs used | to reach scratch: FLOPs / s saved "
-          "| frontier: FLOPs / s saved | Δloss at equal FLOPs |", "|---|---|---|---|---|---|---|---|"]
-  for b in d["budgets"]:
-    for name, v in b["variants"].items():
-      reach = (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}" if v["reached"] else "not reached")
-      rows.append(f"| {b['steps']} | {b['tokens_per_param']:.1f} | {name} | {v['final_eval_loss']:.3f} "
-                  f"({b['scratch']['final_eval_loss']:.3f}) | {v['flops_ratio_total']:.2f}x | {reach} | "
-                  f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])} | "
-                  f"{v['equal_flops_loss_diff']:+.3f} |")
-  return "\n".join(rows)
+# Savings read off the curve and on the scratch frontier; the other columns are the saving script's.
+COLUMNS: dict[str, saving.Cell] = {
+    "T (steps)": saving.COLUMNS["steps"],
+    "tokens/param": saving.COLUMNS["tokens/param"],
+    "variant": saving.COLUMNS["variant"],
+    "final loss (scratch)": saving.COLUMNS["final loss (scratch)"],
+    "FLOPs used": lambda b, name, v: f"{v['flops_ratio_total']:.2f}x",
+    "to reach scratch: FLOPs / s saved": lambda b, name, v: (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}"
+                                                             if v["reached"] else "not reached"),
+    "frontier: FLOPs / s saved":
+        lambda b, name, v: f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])}",
+    "Δloss at equal FLOPs": saving.COLUMNS["loss diff at equal FLOPs"],
+}
 
 
 def plot(d, path, workroot):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
   from multilevel.metrics import read_metrics
   fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
   variants = sorted({n for b in d["budgets"] for n in b["variants"]})
@@ -99,9 +105,7 @@ def plot(d, path, workroot):
         w = os.path.join(workroot, f"{fam}-{b['steps']}-{name}")
         if not os.path.exists(os.path.join(w, "metrics.jsonl")):
           continue
-        pts = [(r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r["eval_loss"])
-               for r in read_metrics(w)
-               if "eval_loss" in r and "flops" in r and r["level"] == 0]
+        pts = saving.curve(read_metrics(w))
         if pts:
           f, s, l = zip(*pts)
           style = "-" if name == "scratch" else "--"
@@ -117,14 +121,15 @@ def plot(d, path, workroot):
 
 
 def main(argv):
+  a = cli.parse(define_flags)
   d = merge(argv[1:])
-  print(table(d))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
+  print(saving.table(d, COLUMNS))
+  if a.out:
+    with open(a.out, "w") as f:
       json.dump(d, f, indent=1)
-  if _PLOT.value:
-    plot(d, _PLOT.value, _WORKROOT.value)
+  if a.plot:
+    plot(d, a.plot, a.workroot)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, define_flags, positional=True)

@@ -1,9 +1,9 @@
 """GPU check, sized for one H200 in well under 10 minutes: GPT-2 124M train-step throughput and MFU, big vs coalesced
 small model, then a short scratch vs 2-level V-cycle run through the real driver.
 
-    python benchmarks/gpu.py                      # one GPU; writes benchmarks/results/gpu.json
-    python benchmarks/gpu.py --smoke              # tiny shapes, runs on a CPU in under a minute (a wiring check)
-    python benchmarks/gpu.py --seq 512 --vocab 8192 --batch 64 --peak_tflops 989 --cycle_steps 600
+    python -m benchmarks.gpu                      # one GPU; writes benchmarks/results/gpu.json
+    python -m benchmarks.gpu --smoke              # tiny shapes, runs on a CPU in under a minute (a wiring check)
+    python -m benchmarks.gpu --seq 512 --vocab 8192 --batch 64 --peak_tflops 989 --cycle_steps 600
 
 Part 1, throughput: GPT-2 124M shapes (12 layers, 12 heads x 64, FFN 3072, vocab 50257, seq 1024) with bf16 compute
 (``ModelConfig(dtype='bfloat16')``; parameters, optimizer state and the residual stream in fp32), random tokens, the
@@ -26,56 +26,60 @@ pass a bigger corpus with ``--data_files``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import platform
-import shlex
 import shutil
 import statistics
-import sys
 import time
+import types
+
+import numpy as np
+from absl import flags
+
+from benchmarks import cli, saving  # saving: the same "FLOPs/seconds to reach scratch's loss" accounting.
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import numpy as np  # noqa: E402
 
 
-def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--smoke", action="store_true", help="Tiny shapes and budgets: checks the script runs (CPU is fine).")
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``."""
+  flags.DEFINE_bool("smoke", False, "Tiny shapes and budgets: checks the script runs (CPU is fine).", flag_values=fv)
   # Part 1.
-  p.add_argument("--layers", type=int, default=12)
-  p.add_argument("--heads", type=int, default=12)
-  p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--vocab", type=int, default=50257)
-  p.add_argument("--seq", type=int, default=1024, help="Tokens per row (the model sees seq - 1 positions, as the "
-                                                      "driver's causal LM).")
-  p.add_argument("--batch", type=int, default=32, help="Global batch (rows) of the throughput steps.")
-  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-  p.add_argument("--remat", action="store_true", help="Rematerialise blocks (less memory, about 1/3 more compute).")
-  p.add_argument("--warmup", type=int, default=3, help="Untimed steps after compilation.")
-  p.add_argument("--steps", type=int, default=20, help="Timed steps per model.")
-  p.add_argument("--peak_tflops", type=float, default=989.0,
-                 help="Dense bf16 peak per device in TFLOP/s (H200/H100 SXM 989, A100 312).")
-  p.add_argument("--skip_throughput", action="store_true")
+  flags.DEFINE_integer("layers", 12, "Layers of the big model.", flag_values=fv)
+  flags.DEFINE_integer("heads", 12, "Attention heads of the big model.", flag_values=fv)
+  flags.DEFINE_integer("head_dim", 64, "Width of a head.", flag_values=fv)
+  flags.DEFINE_integer("vocab", 50257, "Vocabulary (random tokens).", flag_values=fv)
+  flags.DEFINE_integer("seq", 1024, "Tokens per row (the model sees seq - 1 positions, as the driver's causal LM).",
+                       flag_values=fv)
+  flags.DEFINE_integer("batch", 32, "Global batch (rows) of the throughput steps.", flag_values=fv)
+  flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32", "float16"], "Compute dtype (both parts).",
+                    flag_values=fv)
+  flags.DEFINE_bool("remat", False, "Rematerialise blocks (less memory, about 1/3 more compute).", flag_values=fv)
+  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", flag_values=fv)
+  flags.DEFINE_integer("steps", 20, "Timed steps per model.", flag_values=fv)
+  flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak per device in TFLOP/s (H200/H100 SXM 989, A100 312).",
+                     flag_values=fv)
+  flags.DEFINE_bool("skip_throughput", False, "Only part 2.", flag_values=fv)
   # Part 2.
-  p.add_argument("--skip_cycle", action="store_true", help="Only part 1.")
-  p.add_argument("--cycle_steps", type=int, default=400, help="Budget train.steps of scratch (and the V-cycle).")
-  p.add_argument("--cycle_seq", type=int, default=512)
-  p.add_argument("--cycle_batch", type=int, default=32)
-  p.add_argument("--cycle_vocab", type=int, default=8192, help="BPE vocabulary trained on the corpus.")
-  p.add_argument("--cycle_lr", type=float, default=3e-4, help="Peak lr of the target model (the small level: 4x).")
-  p.add_argument("--cycle_evals", type=int, default=10, help="Evaluations per run.")
-  p.add_argument("--data_files", default="", help="Text files (glob) instead of the bundled Shakespeare corpus.")
-  p.add_argument("--set", action="append", default=[], help="Extra config override KEY=VALUE for both runs.")
-  p.add_argument("--workroot", default="/tmp/multilevel-gpu", help="Run directories (wiped first).")
-  p.add_argument("--out", default="", help="JSON results (default benchmarks/results/gpu.json; with --smoke "
-                                           "<workroot>/gpu_smoke.json).")
-  a = p.parse_args(argv)
+  flags.DEFINE_bool("skip_cycle", False, "Only part 1.", flag_values=fv)
+  flags.DEFINE_integer("cycle_steps", 400, "Budget train.steps of scratch (and the V-cycle).", flag_values=fv)
+  flags.DEFINE_integer("cycle_seq", 512, "Sequence length (model.max_len).", flag_values=fv)
+  flags.DEFINE_integer("cycle_batch", 32, "Batch size (train.batch_size).", flag_values=fv)
+  flags.DEFINE_integer("cycle_vocab", 8192, "BPE vocabulary trained on the corpus.", flag_values=fv)
+  flags.DEFINE_float("cycle_lr", 3e-4, "Peak lr of the target model (the small level: 4x).", flag_values=fv)
+  flags.DEFINE_integer("cycle_evals", 10, "Evaluations per run.", flag_values=fv)
+  flags.DEFINE_string("data_files", "", "Text files (glob) instead of the bundled Shakespeare corpus.", flag_values=fv)
+  flags.DEFINE_multi_string("set", [], "Extra config override KEY=VALUE for both runs.", flag_values=fv)
+  flags.DEFINE_string("workroot", "/tmp/multilevel-gpu", "Run directories (wiped first).", flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON results (default benchmarks/results/gpu.json; with --smoke "
+                      "<workroot>/gpu_smoke.json).", flag_values=fv)
+
+
+def parse_args(argv: list[str] | None = None) -> types.SimpleNamespace:
+  """The flags as a namespace (of ``argv`` if given, else of the command line), with --smoke's sizes applied."""
+  a = cli.parse(define_flags, argv)
   if a.smoke:
     a.layers, a.heads, a.head_dim, a.vocab, a.seq, a.batch = 2, 2, 16, 512, 64, 4
     a.warmup, a.steps = 1, 3
@@ -178,22 +182,9 @@ def throughput(a, mesh) -> dict:
 # ------------------------------------------------------------------------------------------------ part 2: V-cycle
 
 
-def _apply(c, overrides: dict):
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    old = node[leaf]
-    if isinstance(old, bool):
-      value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    elif isinstance(old, (int, float, str)) and not isinstance(value, type(old)):
-      value = type(old)(value)
-    node[leaf] = value
-
-
 def cycle_config(a, levels: int):
   from experiments.configs import gpt
+  from experiments.configs.common import override
   c = gpt.get_config("gpt2")
   c.unlock()
   steps = a.cycle_steps
@@ -208,9 +199,8 @@ def cycle_config(a, levels: int):
     over.update({"model.num_layers": a.layers, "model.num_heads": a.heads, "model.head_dim": a.head_dim})
   if a.data_files:
     over["data.files"] = a.data_files
-  _apply(c, over)
-  _apply(c, dict(kv.split("=", 1) for kv in a.set))
-  return c
+  override(c, over)
+  return override(c, cli.key_values(a.set))
 
 
 def run_driver(a, name: str, levels: int) -> dict:
@@ -233,7 +223,6 @@ def run_driver(a, name: str, levels: int) -> dict:
 
 
 def cycle(a) -> dict:
-  import saving  # benchmarks/saving.py: the same "FLOPs/seconds to reach scratch's loss" accounting.
   scratch = run_driver(a, "scratch", 1)
   vcycle = run_driver(a, "vcycle", 2)
   cmp = saving.compare(scratch, vcycle)
@@ -287,8 +276,9 @@ def report(res: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None):
-  a = parse_args(argv)
+def main(argv):
+  del argv
+  a = parse_args()
   import jax
 
   from multilevel.train import make_mesh
@@ -299,10 +289,8 @@ def main(argv=None):
         + (" (smoke run)" if a.smoke else ""), flush=True)
   if backend == "cpu" and not a.smoke:
     print("WARNING: no accelerator; the full-size run would take hours on a CPU. Use --smoke here.", flush=True)
-  res = {"command": "python " + shlex.join([os.path.relpath(os.path.abspath(__file__), os.getcwd())]
-                                           + (sys.argv[1:] if argv is None else list(argv))),
-         "started": started, "smoke": a.smoke, "args": vars(a), "backend": backend, "devices": len(devs),
-         "device_kind": devs[0].device_kind, "peak_tflops": a.peak_tflops,
+  res = {"command": cli.command("benchmarks.gpu"), "started": started, "smoke": a.smoke, "args": vars(a),
+         "backend": backend, "devices": len(devs), "device_kind": devs[0].device_kind, "peak_tflops": a.peak_tflops,
          "versions": {"jax": jax.__version__, "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
                       "python": platform.python_version()},
          "host": {"cpus": os.cpu_count(), "machine": platform.machine()}}
@@ -339,8 +327,7 @@ def main(argv=None):
   print(f"\nTotal {res['wall_s']:.0f} s. Wrote {a.out}")
   if "cycle_error" in res:
     raise SystemExit(1)
-  return res
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -1,6 +1,6 @@
 """Wall time of coalesce, de-coalesce and interpolate on BERT-Base / BERT-Large parameter trees, next to a plain copy.
 
-    python benchmarks/operators.py [--presets bert-base,bert-large] [--repeats 5] \
+    python -m benchmarks.operators [--presets bert-base,bert-large] [--repeats 5] \
         [--out benchmarks/results/operators.json]
 
 Each operator is jitted (the LevelMap is a static argument), called once to compile (reported separately as the
@@ -13,25 +13,36 @@ jit) is timed on its own on the large tree: one reduction that reads it once. Pa
 leaves of the right shapes (``M.abstract_params``), not Flax init, which would be slower and changes nothing here.
 """
 
-import argparse
 import datetime
 import functools
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from benchmarks import cli
+from multilevel import models as M
+from multilevel import operators as O
+from multilevel.operators.finite import require_finite
 
-from multilevel import models as M  # noqa: E402
-from multilevel import operators as O  # noqa: E402
-from multilevel.operators.finite import require_finite  # noqa: E402
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``."""
+  flags.DEFINE_string("presets", "bert-base,bert-large", "Comma-separated model presets (M.preset).", flag_values=fv)
+  flags.DEFINE_integer("repeats", 5, "Timed calls per operator after the first; the best is kept.", flag_values=fv)
+  flags.DEFINE_integer("width_factor", 2, "Width factor of the mapping.", flag_values=fv)
+  flags.DEFINE_integer("depth_factor", 2, "Depth factor of the mapping.", flag_values=fv)
+  flags.DEFINE_enum("depth_mode", "adjacent", list(O.DEPTH_MODES), "How layers pair up when depth coalesces.",
+                    flag_values=fv)
+  flags.DEFINE_float("w_pre", 0.25, "Interpolation weight of the pre-coalescing tree.", flag_values=fv)
+  flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "operators.json"),
+                      "JSON results ('' = do not write).", flag_values=fv)
 
 
 def random_tree(cfg, seed, std=0.02):
@@ -115,17 +126,9 @@ def markdown(infos, rows):
   return "\n".join(lines)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--presets", default="bert-base,bert-large")
-  parser.add_argument("--repeats", type=int, default=5, help="timed calls per operator after the first; best kept")
-  parser.add_argument("--width_factor", type=int, default=2)
-  parser.add_argument("--depth_factor", type=int, default=2)
-  parser.add_argument("--depth_mode", default="adjacent", choices=O.DEPTH_MODES)
-  parser.add_argument("--w_pre", type=float, default=0.25)
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                    "operators.json"))
-  args = parser.parse_args()
+def main(argv):
+  del argv
+  args = cli.parse(define_flags)
   load_before = os.getloadavg()
   start = time.perf_counter()
   infos, rows = [], []
@@ -136,7 +139,7 @@ def main():
   table = markdown(infos, rows)
   print(table)
   result = {
-      "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+      "command": cli.command("benchmarks.operators"),
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "jax_version": jax.__version__,
       "backend": jax.default_backend(),
@@ -160,4 +163,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -1,6 +1,6 @@
 """Does the V-cycle save compute? Scratch and V-cycle variants on the same data, seed and budget, in one invocation.
 
-  python benchmarks/saving.py --family=gpt --budgets=160,320,640,1280 --variants=reference,warmup \
+  python -m benchmarks.saving --family=gpt --budgets=160,320,640,1280 --variants=reference,warmup \
       --out=benchmarks/results/saving_gpt.json
 
 For each budget (train.steps of the scratch run) it trains scratch (levels=1) and every variant, then reads off the
@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
+from typing import Callable
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import cli
 
 # Named variants: explicit overrides on top of the paper's protocol ("reference"), so that changing the config
 # defaults never changes what a variant means.
@@ -70,43 +70,37 @@ MODELS = {
              "train.batch_size": 128, "train.lr": 2e-3},
 }
 
-_FAMILY = flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit"], "Model family.")
-_BUDGETS = flags.DEFINE_list("budgets", ["160", "320", "640", "1280"], "Scratch step budgets (train.steps).")
-_VARIANTS = flags.DEFINE_list("variants", ["reference", "warmup"], f"V-cycle variants: {sorted(VARIANTS)}.")
-_SET = flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run (e.g. model.num_layers=8).")
-_EVALS = flags.DEFINE_integer("evals", 20, "Evaluations per run (eval_every = steps / evals).")
-_WORKROOT = flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).")
-_REUSE = flags.DEFINE_bool("reuse_scratch", False, "Reuse a finished scratch run found in --workroot.")
-_OUT = flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).")
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``."""
+  flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit"], "Model family.", flag_values=fv)
+  flags.DEFINE_list("budgets", ["160", "320", "640", "1280"], "Scratch step budgets (train.steps).", flag_values=fv)
+  flags.DEFINE_list("variants", ["reference", "warmup"], f"V-cycle variants: {sorted(VARIANTS)}.", flag_values=fv)
+  flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run (e.g. model.num_layers=8).",
+                            flag_values=fv)
+  flags.DEFINE_integer("evals", 20, "Evaluations per run (eval_every = steps / evals).", flag_values=fv)
+  flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).",
+                      flag_values=fv)
+  flags.DEFINE_bool("reuse_scratch", False, "Reuse a finished scratch run found in --workroot.", flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).",
+                      flag_values=fv)
 
 
-def _apply(c, overrides: dict):
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = type(node[leaf])(value) if not isinstance(node[leaf], (tuple, list)) else value
-
-
-def make_config(family: str, steps: int, overrides: dict, extra: dict):
+def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: int):
+  """The ``tiny`` config of ``family`` at MODELS' size, then ``extra`` (``--set``), the run's budget with ``evals``
+  evaluations, and ``overrides`` (a variant)."""
   from experiments.configs import bert, deit, gpt
+  from experiments.configs.common import override
   c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("tiny")
   c.unlock()
-  _apply(c, MODELS[family])
-  _apply(c, extra)
-  c.train.steps = steps
-  c.train.log_every = max(1, steps // 40)
-  c.train.eval_every = max(1, steps // _EVALS.value)
-  c.checkpoint.every = 0
-  c.checkpoint.async_save = True
-  c.progress = False
-  c.tensorboard = False
-  c.data.max_eval_batches = 8
+  override(c, MODELS[family])
+  override(c, extra)
+  override(c, {"train.steps": steps, "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // evals),
+               "checkpoint.every": 0, "checkpoint.async_save": True, "progress": False, "tensorboard": False,
+               "data.max_eval_batches": 8})
   if family == "bert":  # Post-LN: the pre-LN width option does not apply (and is refused).
     overrides = {k: v for k, v in overrides.items() if k != "cycle.preln_exact"}
-  _apply(c, overrides)
-  return c
+  return override(c, overrides)
 
 
 def curve(records, target_only: bool = True):
@@ -190,19 +184,21 @@ def main(argv):
   import jax
 
   from multilevel import models as M
-  family = _FAMILY.value
-  extra = dict(kv.split("=", 1) for kv in _SET.value)
-  unknown = [v for v in _VARIANTS.value if v not in VARIANTS]
+  a = cli.parse(define_flags)
+  family = a.family
+  extra = cli.key_values(a.set)
+  unknown = [v for v in a.variants if v not in VARIANTS]
   if unknown:
     raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")
-  out_path = _OUT.value or os.path.join(os.path.dirname(__file__), "results", f"saving_{family}.json")
-  results = {"command": " ".join(sys.argv), "family": family, "model_overrides": {**MODELS[family], **extra},
-             "jax": jax.__version__, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budgets": []}
-  for steps in [int(b) for b in _BUDGETS.value]:
-    cfg = make_config(family, steps, {"cycle.levels": 1}, extra)
-    scratch_dir = os.path.join(_WORKROOT.value, f"{family}-{steps}-scratch")
-    if _REUSE.value and os.path.exists(os.path.join(scratch_dir, "summary.json")):
+  out_path = a.out or os.path.join(os.path.dirname(__file__), "results", f"saving_{family}.json")
+  results = {"command": cli.command("benchmarks.saving"), "family": family,
+             "model_overrides": {**MODELS[family], **extra}, "jax": jax.__version__, "cpus": os.cpu_count(),
+             "machine": platform.processor() or platform.machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+             "budgets": []}
+  for steps in [int(b) for b in a.budgets]:
+    cfg = make_config(family, steps, {"cycle.levels": 1}, extra, a.evals)
+    scratch_dir = os.path.join(a.workroot, f"{family}-{steps}-scratch")
+    if a.reuse_scratch and os.path.exists(os.path.join(scratch_dir, "summary.json")):
       from multilevel.metrics import read_metrics
       with open(os.path.join(scratch_dir, "summary.json")) as f:
         scratch = {"summary": json.load(f), "records": read_metrics(scratch_dir)}
@@ -217,9 +213,9 @@ def main(argv):
              "scratch": {k: scratch["summary"][k] for k in ("final_eval_loss", "total_flops", "train_seconds")},
              "scratch_curve": [[f, s, l] for f, s, l in curve(scratch["records"])],
              "variants": {}}
-    for name in _VARIANTS.value:
-      run = train(make_config(family, steps, VARIANTS[name], extra),
-                  os.path.join(_WORKROOT.value, f"{family}-{steps}-{name}"))
+    for name in a.variants:
+      run = train(make_config(family, steps, VARIANTS[name], extra, a.evals),
+                  os.path.join(a.workroot, f"{family}-{steps}-{name}"))
       entry["variants"][name] = compare(scratch, run)
       v = entry["variants"][name]
       logging.info("budget %d %s: loss %.4f vs scratch %.4f | FLOPs saving %s | seconds saving %s", steps, name,
@@ -238,17 +234,30 @@ def fmt(x, pct=False):
   return f"{100 * x:+.1f}%" if pct else f"{x:.3f}"
 
 
-def table(results) -> str:
-  lines = ["| steps | tokens/param | variant | final loss (scratch) | FLOPs saved | seconds saved | "
-           "loss diff at equal FLOPs |", "|---|---|---|---|---|---|---|"]
+Cell = Callable[[dict, str, dict], str]  # (budget entry, variant name, variant result) -> the cell's text.
+
+# This script's results table, header -> cell; analyze_saving takes its shared columns from here.
+COLUMNS: dict[str, Cell] = {
+    "steps": lambda b, name, v: str(b["steps"]),
+    "tokens/param": lambda b, name, v: f"{b['tokens_per_param']:.1f}" if b["tokens_per_param"] else "-",
+    "variant": lambda b, name, v: name,
+    "final loss (scratch)": lambda b, name, v: f"{v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f})",
+    "FLOPs saved": lambda b, name, v: fmt(v["flops_saving"], True),
+    "seconds saved": lambda b, name, v: fmt(v["seconds_saving"], True),
+    "loss diff at equal FLOPs": lambda b, name, v: f"{v['equal_flops_loss_diff']:+.3f}",
+}
+
+
+def table(results: dict, columns: dict[str, Cell] | None = None) -> str:
+  """Markdown table with one row per budget and variant of ``results``; ``columns`` (default COLUMNS) maps each
+  header to its cell."""
+  columns = columns or COLUMNS
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for b in results["budgets"]:
-    tpp = f"{b['tokens_per_param']:.1f}" if b["tokens_per_param"] else "-"
     for name, v in b["variants"].items():
-      lines.append(f"| {b['steps']} | {tpp} | {name} | {v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f}) "
-                   f"| {fmt(v['flops_saving'], True)} | {fmt(v['seconds_saving'], True)} | "
-                   f"{v['equal_flops_loss_diff']:+.3f} |")
+      lines.append("| " + " | ".join(cell(b, name, v) for cell in columns.values()) + " |")
   return "\n".join(lines)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, define_flags)

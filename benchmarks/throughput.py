@@ -1,6 +1,6 @@
 """Train-step tokens/s of our JAX step against Hugging Face transformers (PyTorch) for the same shapes, in one run.
 
-    python benchmarks/throughput.py [--models gpt,bert] [--layers 4 --heads 4 --head_dim 64 --ffn_ratio 4]
+    python -m benchmarks.throughput [--models gpt,bert] [--layers 4 --heads 4 --head_dim 64 --ffn_ratio 4]
         [--vocab 8192 --seq 128 --batch 8] [--warmup 2 --rounds 5 --steps 2] [--single_thread]
         [--out benchmarks/results/throughput.json]
 
@@ -32,47 +32,48 @@ under ``runs``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
-import sys
 import time
+import types
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+from absl import flags
 
-import numpy as np  # noqa: E402
+from benchmarks import cli
 
 MASK_ID = 4  # Any id works for throughput; both sides use the same one.
 
 
-def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--models", default="gpt,bert", help="Comma-separated: gpt (causal LM), bert (masked LM).")
-  p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--heads", type=int, default=4)
-  p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--ffn_ratio", type=int, default=4)
-  p.add_argument("--vocab", type=int, default=8192)
-  p.add_argument("--seq", type=int, default=128, help="Positions the model processes per example.")
-  p.add_argument("--batch", type=int, default=8,
-                 help="Examples per step (8 keeps a step under ~1.5 s on the 2-core dev VM even for HF; 16 is fine "
-                      "on an idle machine).")
-  p.add_argument("--warmup", type=int, default=2, help="Untimed steps per framework after compilation.")
-  p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--steps", type=int, default=2, help="Timed steps per framework per round.")
-  p.add_argument("--threads", type=int, default=0, help="torch threads (0 = os.cpu_count()).")
-  p.add_argument("--single_thread", action="store_true",
-                 help="One thread on both sides (torch.set_num_threads(1) and XLA's single-threaded Eigen): a check "
-                      "that is less sensitive to other jobs on the machine than two threads that must meet at every "
-                      "op's barrier.")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--note", default="", help="Free text stored in the JSON (e.g. what else ran on the machine).")
-  p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                               "throughput.json"), help="JSON results ('' = do not write).")
-  return p.parse_args(argv)
+def define_flags(fv: flags.FlagValues) -> None:
+  """Declares this script's flags on ``fv``."""
+  flags.DEFINE_string("models", "gpt,bert", "Comma-separated: gpt (causal LM), bert (masked LM).", flag_values=fv)
+  flags.DEFINE_integer("layers", 4, "Layers.", flag_values=fv)
+  flags.DEFINE_integer("heads", 4, "Attention heads.", flag_values=fv)
+  flags.DEFINE_integer("head_dim", 64, "Width of a head.", flag_values=fv)
+  flags.DEFINE_integer("ffn_ratio", 4, "FFN width over model width.", flag_values=fv)
+  flags.DEFINE_integer("vocab", 8192, "Vocabulary (random tokens).", flag_values=fv)
+  flags.DEFINE_integer("seq", 128, "Positions the model processes per example.", flag_values=fv)
+  flags.DEFINE_integer("batch", 8, "Examples per step (8 keeps a step under ~1.5 s on the 2-core dev VM even for HF; "
+                       "16 is fine on an idle machine).", flag_values=fv)
+  flags.DEFINE_integer("warmup", 2, "Untimed steps per framework after compilation.", flag_values=fv)
+  flags.DEFINE_integer("rounds", 5, "Timed rounds.", flag_values=fv)
+  flags.DEFINE_integer("steps", 2, "Timed steps per framework per round.", flag_values=fv)
+  flags.DEFINE_integer("threads", 0, "torch threads (0 = os.cpu_count()).", flag_values=fv)
+  flags.DEFINE_bool("single_thread", False, "One thread on both sides (torch.set_num_threads(1) and XLA's "
+                    "single-threaded Eigen): a check that is less sensitive to other jobs on the machine than two "
+                    "threads that must meet at every op's barrier.", flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "Seed of the weights and batches.", flag_values=fv)
+  flags.DEFINE_string("note", "", "Free text stored in the JSON (e.g. what else ran on the machine).", flag_values=fv)
+  flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "throughput.json"),
+                      "JSON results ('' = do not write).", flag_values=fv)
+
+
+def parse_args(argv: list[str] | None = None) -> types.SimpleNamespace:
+  """The flags as a namespace: of ``argv`` if given, else of the command line."""
+  return cli.parse(define_flags, argv)
 
 
 def model_config(family: str, a):
@@ -250,8 +251,9 @@ def table(rows) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None):
-  a = parse_args(argv)
+def main(argv):
+  del argv
+  a = parse_args()
   if a.single_thread:  # Must be set before jax is imported.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
@@ -288,8 +290,7 @@ def main(argv=None):
           f", HF attention {r['hf_attn_implementation']}, tied {r['hf_tied_embeddings']}, "
           f"ours {r['ours_gflops_per_s']:.0f} / HF {r['hf_gflops_per_s']:.0f} analytic GFLOP/s")
   result = {
-      "command": "python " + shlex.join([os.path.relpath(__file__, os.getcwd())] + (sys.argv[1:] if argv is None
-                                                                                     else list(argv))),
+      "command": cli.command("benchmarks.throughput"),
       "started": started, "args": vars(a),
       "versions": {"jax": jax.__version__, "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
                    "torch": torch.__version__, "transformers": transformers.__version__,
@@ -308,7 +309,6 @@ def main(argv=None):
     mode = "single_thread" if a.single_thread else f"threads={torch.get_num_threads()}"
     write_result(a.out, mode, result)
     print(f"Wrote {a.out} (runs[{mode!r}])")
-  return result
 
 
 def write_result(path: str, mode: str, result: dict) -> None:
@@ -332,4 +332,4 @@ def write_result(path: str, mode: str, result: dict) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
+from benchmarks import gpu
+
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
 
 
 def _run(args, timeout=300):
@@ -22,7 +23,7 @@ def _run(args, timeout=300):
 
 def test_gpu_script_smoke_throughput(tmp_path):
   out = tmp_path / "gpu.json"
-  stdout = _run([os.path.join(BENCH, "gpu.py"), "--smoke", "--skip_cycle", "--workroot", str(tmp_path),
+  stdout = _run(["-m", "benchmarks.gpu", "--smoke", "--skip_cycle", "--workroot", str(tmp_path),
                  "--out", str(out)])
   res = json.loads(out.read_text())
   t = res["throughput"]
@@ -34,11 +35,6 @@ def test_gpu_script_smoke_throughput(tmp_path):
 
 def test_gpu_script_cycle_config():
   """The driver config of part 2 (without training): GPT-2 shape, overrides applied, levels as asked."""
-  sys.path.insert(0, BENCH)
-  try:
-    import gpu
-  finally:
-    sys.path.remove(BENCH)
   a = gpu.parse_args([])
   c = gpu.cycle_config(a, 2)
   assert (c.model.num_layers, c.model.num_heads, c.model.head_dim) == (12, 12, 64)
@@ -53,7 +49,7 @@ def test_throughput_script_tiny(tmp_path):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
   out = tmp_path / "throughput.json"
-  _run([os.path.join(BENCH, "throughput.py"), "--layers", "1", "--heads", "2", "--head_dim", "16", "--vocab", "256",
+  _run(["-m", "benchmarks.throughput", "--layers", "1", "--heads", "2", "--head_dim", "16", "--vocab", "256",
         "--seq", "16", "--batch", "4", "--warmup", "1", "--rounds", "1", "--steps", "1", "--out", str(out)])
   doc = json.loads(out.read_text())
   (run,) = doc["runs"].values()

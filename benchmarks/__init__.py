@@ -1,0 +1,1 @@
+"""Measurements run by hand from the repository root: ``python -m benchmarks.<name>``; results in ``results/``."""

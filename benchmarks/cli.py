@@ -1,0 +1,56 @@
+"""The benchmarks' one command-line style: absl flags, declared by a function rather than at import.
+
+Each script has ``define_flags(fv)`` and ends in ``cli.run(main, define_flags)``; its ``main`` reads the values with
+``cli.parse(define_flags)``. Declaring the flags only when a script runs keeps every script importable (``gpu``
+imports ``saving``, tests import ``gpu``) without two modules claiming the same flag name.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import types
+from typing import Callable
+
+from absl import app, flags
+
+Define = Callable[[flags.FlagValues], None]
+
+
+def parse(define: Define, argv: list[str] | None = None) -> types.SimpleNamespace:
+  """The values of the flags ``define`` declares, as a namespace: parsed from ``argv`` (flags only, no program name)
+  on a fresh ``FlagValues``, or with None read from the command line that ``run`` parsed."""
+  fv = flags.FlagValues()
+  define(fv)
+  if argv is not None:
+    rest = fv(["benchmark"] + list(argv))
+    if len(rest) > 1:
+      raise app.UsageError(f"Unexpected arguments: {' '.join(rest[1:])}")
+  source = fv if argv is not None else flags.FLAGS
+  return types.SimpleNamespace(**{name: source[name].value for name in fv})
+
+
+def run(main: Callable[[list[str]], object], define: Define, positional: bool = False) -> None:
+  """Declares the flags on ``absl.flags.FLAGS`` and runs ``main(argv)`` under ``absl.app`` (its return value is
+  dropped); arguments that are not flags are refused unless ``positional``."""
+
+  def checked(argv):
+    if len(argv) > 1 and not positional:
+      raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    main(argv)
+
+  define(flags.FLAGS)
+  app.run(checked)
+
+
+def key_values(items: list[str]) -> dict[str, str]:
+  """``--set`` values, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form ``common.override`` takes."""
+  bad = [kv for kv in items if "=" not in kv]
+  if bad:
+    raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
+  return dict(kv.split("=", 1) for kv in items)
+
+
+def command(module: str) -> str:
+  """The command line that ran ``module``, as a results file records it: ``python -m benchmarks.gpu --smoke``."""
+  return shlex.join(["python", "-m", module] + sys.argv[1:])
