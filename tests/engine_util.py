@@ -38,7 +38,10 @@ def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[
 
 def run_cli(workdir: str, flags: list[str], env: dict | None = None, timeout: float = 300):
   """Runs ``python -m experiments.train`` in a subprocess; returns the CompletedProcess."""
-  full_env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **(env or {}))
+  env = dict(env or {})
+  if "XLA_FLAGS" in env:  # Added to the test session's flags, not instead of them.
+    env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {env['XLA_FLAGS']}".strip()
+  full_env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **env)
   return subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={workdir}", *flags], cwd=ROOT,
                         env=full_env, capture_output=True, text=True, timeout=timeout)
 

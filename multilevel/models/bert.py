@@ -34,7 +34,7 @@ class Bert(nn.Module):
     h_BxTxD = nn.gelu(h_BxTxD, approximate=False)
     h_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="mlm_ln")(h_BxTxD)
     bias_V = self.param("mlm_bias", nn.initializers.zeros, (cfg.vocab_size,))
-    return word.attend(h_BxTxD.astype(jnp.float32)) + bias_V
+    return word.attend(h_BxTxD.astype(jnp.float32)) + bias_V[None, None, :]
 
 
 BERT_AXES = A.with_blocks({
