@@ -109,12 +109,12 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
   import jax.numpy as jnp
 
   from multilevel import models as M
-  from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, put_batch,
-                                tokens_per_example, train_flops_per_step)
+  from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, init_params,
+                                put_batch, tokens_per_example, train_flops_per_step)
   sc = StepConfig(cfg, ObjectiveConfig(pad_id=-1), grad_accum=1, seed=0)
   oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01, grad_clip=1.0)
   steps = build_steps(sc, oc, mesh)
-  params = jax.device_put(M.init_params(cfg, 0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  params = init_params(cfg, 0, mesh)
   state = steps.init_state(params)
   rows = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, cfg.max_len), dtype=np.int32)
   b = put_batch({"tokens": rows}, mesh)
@@ -304,7 +304,7 @@ def main(argv):
   t0 = time.perf_counter()
   if not a.skip_throughput:
     print("Part 1: train-step throughput (random tokens)", flush=True)
-    mesh = make_mesh(1 if backend == "cpu" else None)
+    mesh = make_mesh("", 1 if backend == "cpu" else None)
     res["throughput"] = throughput(a, mesh)
     res["throughput_wall_s"] = time.perf_counter() - t0
     save()

@@ -111,7 +111,7 @@ class Ours:
 
     from multilevel.train import LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, make_mesh, put_batch
     self.jax, self.jnp = jax, jnp
-    mesh = make_mesh(1)
+    mesh = make_mesh("", 1)
     sc = StepConfig(cfg, ObjectiveConfig(mask_id=MASK_ID, pad_id=-1, mlm_prob=0.15), grad_accum=1, seed=0)
     oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01,
                      grad_clip=1.0)

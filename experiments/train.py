@@ -5,7 +5,8 @@
 
 Writes DIR/metrics.jsonl, DIR/tensorboard/, DIR/summary.json and DIR/checkpoints/; the same command resumes.
 An expected error (a bad config, scheme, data, checkpoint or mesh) prints one line starting with "error:" and exits
-with status 1; --debug shows the Python traceback instead.
+with status 1; --debug shows the Python traceback instead. Several processes (on one machine or many) run the same
+command with --distributed --coordinator_address=HOST:PORT --num_processes=N --process_id=I, one id each.
 """
 
 import os
@@ -19,13 +20,24 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file (experi
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the summary.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host runs).")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-process run (jax.distributed.initialize); the "
+                                  "flags below, or JAX's environment, say where and who.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's id, 0 to num_processes - 1.")
+_DIST_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 120, "Seconds to wait for the other processes.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr, flush=True)
+  if _DISTRIBUTED.present and _DISTRIBUTED.value:
+    # A process of a multi-process run cannot shut down cleanly alone: JAX's runtime and Orbax's background threads
+    # would wait minutes for peers that may be gone. The message is out; leave now.
+    logging.flush()
+    sys.stdout.flush()
+    os._exit(1)
   sys.exit(1)
 
 
@@ -88,7 +100,11 @@ def main(argv):
   import jax
 
   if _DISTRIBUTED.value:
-    jax.distributed.initialize()
+    from multilevel.distributed import DistributedError, initialize
+    try:
+      initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _DIST_TIMEOUT.value)
+    except DistributedError as e:
+      _fail(str(e))
   if _COMPILE_CACHE.value:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   from multilevel.cycles.driver import EXPECTED_ERRORS, train_and_evaluate
@@ -102,7 +118,8 @@ def main(argv):
       raise
     _fail(f"{e} (run with --debug for the traceback)" if isinstance(e, (TypeError, KeyError)) else str(e))
   print(f"final eval loss {summary['final_eval_loss']:.4f} | {summary['total_flops']:.3g} FLOPs | "
-        f"{summary['train_seconds']:.1f} s training | {os.path.join(_WORKDIR.value, 'summary.json')}")
+        f"{summary['train_seconds']:.1f} s training | params sha256 {summary['params_sha256']} | "
+        f"{os.path.join(_WORKDIR.value, 'summary.json')}")
 
 
 if __name__ == "__main__":

@@ -134,9 +134,12 @@ def _silence_closed_loop_callbacks() -> None:
   sys.unraisablehook = hook
 
 
-def abstract_like(tree: Any, sharding) -> Any:
-  """ShapeDtypeStructs with ``sharding`` for every leaf (Orbax restore targets)."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+def abstract_like(tree: Any, shardings) -> Any:
+  """ShapeDtypeStructs with the ``shardings`` (a tree like ``tree``, or one sharding for every leaf): Orbax restore
+  targets, read straight into place on the current mesh, whatever mesh wrote them."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def config_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -110,10 +110,16 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def params_digest(params) -> str:
-  """sha256 over every parameter's path, shape, dtype and bytes, in path order: equal digests = equal trees."""
+  """sha256 over every parameter's path, shape, dtype and bytes, in path order: equal digests = equal trees.
+
+  One parameter at a time comes to the host, never the whole tree; a parameter sharded over several processes is
+  gathered (a collective: every process calls this and gets the same digest)."""
   h = hashlib.sha256()
-  for name, x in sorted(flatten(jax.device_get(params)).items()):
-    x = np.ascontiguousarray(np.asarray(x))
+  for name, x in sorted(flatten(params).items()):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
+      x = multihost_utils.process_allgather(x, tiled=True)
+    x = np.ascontiguousarray(np.asarray(jax.device_get(x)))
     h.update(f"{name}:{x.shape}:{x.dtype};".encode())
     h.update(x.tobytes())
   return h.hexdigest()

@@ -24,3 +24,13 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # Implicit broadcasting of ranks is a bug here.
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def gpt_reference(tmp_path_factory):
+  """The 2-level V-cycle of the GPT test config on one device (summary), shared by the multi-device tests."""
+  from multilevel.cycles.driver import train_and_evaluate
+  from tests.engine_util import tiny_config
+  return train_and_evaluate(tiny_config("gpt", levels=2), str(tmp_path_factory.mktemp("gpt-reference") / "run"))

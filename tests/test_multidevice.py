@@ -10,14 +10,13 @@ import os
 
 import pytest
 
-from multilevel.cycles.driver import train_and_evaluate
-from tests.engine_util import config_flags, run_cli, tiny_config
+from tests.engine_util import config_flags, run_cli
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_devices_match_one(tmp_path):
-  one = train_and_evaluate(tiny_config("gpt", levels=2), str(tmp_path / "one"))
+def test_two_devices_match_one(tmp_path, gpt_reference):
+  one = gpt_reference
   flags = config_flags("gpt", 2, False, {"train.num_devices": 2})
   proc = run_cli(str(tmp_path / "two"), flags, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
                  timeout=240)

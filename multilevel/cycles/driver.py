@@ -30,8 +30,8 @@ from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
-from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
-                              replicated, tokens_per_example, train_flops_per_step)
+from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, init_params, make_mesh,
+                              param_shardings, put_batch, tokens_per_example, train_flops_per_step)
 from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError
 
@@ -62,6 +62,15 @@ def check_batch(train, mesh) -> None:
         f"or set train.num_devices.")
 
 
+def _default_devices(mesh: str) -> int | None:
+  """Devices of a run whose train.num_devices is 0: as many as the mesh names, else all of them, except one in a
+  single CPU process (fake CPU devices only slow a run down, and their all-reduce can deadlock)."""
+  if mesh:
+    sizes = [part.partition(":")[2].strip() for part in mesh.split(",")]
+    return int(np.prod([int(x) for x in sizes if x.isdigit()] or [1]))
+  return 1 if jax.default_backend() == "cpu" and jax.process_count() == 1 else None
+
+
 class Runner:
   """State of one run; ``run()`` executes the plan from wherever the workdir says it stopped. ``close()`` (or
   leaving a ``with`` block) waits for pending saves and frees the data threads and the workdir lock."""
@@ -83,8 +92,11 @@ class Runner:
     # Checks that need no data come first: nothing is written before the config, the plan and the mesh are valid.
     probe = model_config(run, None)
     self.method.build_plan(probe, run.cycle, tc)
-    self.mesh = make_mesh(tc.num_devices or (1 if jax.default_backend() == "cpu" else None))
+    self.mesh = make_mesh(tc.mesh, tc.num_devices or _default_devices(tc.mesh))
     check_batch(tc, self.mesh)
+    # On CPU, XLA's all-reduce over several devices can deadlock when steps are dispatched without waiting
+    # (../shared/docs/environment.md): there the loop waits for each step's loss.
+    self._sync_each_step = jax.default_backend() == "cpu" and self.mesh.devices.size > 1
     self._closers.append(WorkdirLock(self.workdir, jax.process_index()).release)
     from multilevel.data import make_data  # Imported here: the data stack is heavy and only a run needs it.
 
@@ -95,7 +107,6 @@ class Runner:
     self._closers.append(self.train_iter.close)
     self.model = model_config(run, self.info)
     self.plan: Plan = self.method.build_plan(self.model, run.cycle, tc)
-    self.rep = replicated(self.mesh)
     self.objective = objective_config(run, self.model, self.info)
     self.evaluate = Evaluator(self.eval_batches, self.mesh)
     self.cfg_json = resolved_config(run, self.model)
@@ -148,7 +159,7 @@ class Runner:
     tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
     meta = dict(self.pos.to_meta(), config=self.cfg_json, data=self.train_iter.get_state(),
                 metrics_count=self.writer.count)
-    self.ckpt.save(self.pos.save_id, jax.device_get(tree), meta)
+    self.ckpt.save(self.pos.save_id, tree, meta)  # Device arrays: Orbax writes each process's shards itself.
     _fault(f"save:{self.pos.save_id}")
     self.pos.save_id += 1
 
@@ -174,9 +185,12 @@ class Runner:
     stage = self.plan.stages[pos.stage]
     params = M.abstract_params(self.plan.levels[stage.level])
     held = self.plan.snapshots_before(stage.index)
-    abstract = {"params": params, "opt_state": jax.eval_shape(self.steps_for(stage).tx.init, params),
+    steps = self.steps_for(stage)
+    abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, params),
                 "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in held}}
-    tree = self.ckpt.restore_state(latest, abstract_like(abstract, self.rep))
+    shardings = {"params": steps.shardings.params, "opt_state": steps.shardings.opt_state,
+                 "snapshots": {str(k): self.param_shardings(k) for k in held}}
+    tree = self.ckpt.restore_state(latest, abstract_like(abstract, shardings))
     self.train_iter.set_state(meta["data"])
     self.writer.truncate(int(meta["metrics_count"]))
     pos.save_id = latest + 1
@@ -187,7 +201,7 @@ class Runner:
 
   def fresh(self):
     stage = self.plan.stages[0]
-    state = self.steps_for(stage).init_state(jax.device_put(self.initial_params(), self.rep))
+    state = self.steps_for(stage).init_state(self.initial_params())
     self.pos = RunPosition()
     self.writer.truncate(0)
     self.save(state, {})
@@ -201,7 +215,7 @@ class Runner:
     """Random init, or the weights of a Hugging Face checkpoint (``config.init_from``) for the target model."""
     source = self.config.init_from
     if not source:
-      return M.init_params(self.plan.levels[0], self.config.train.seed)
+      return init_params(self.plan.levels[0], self.config.train.seed, self.mesh)
     from multilevel.interop import load_hf
     _, params = load_hf(source)
     try:
@@ -210,7 +224,7 @@ class Runner:
       raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
                        f"vocab_size, max_len); set --config.model.* and data.tokenizer to the checkpoint's.") from e
     logging.info("Initialised the target model from %s.", source)
-    return params
+    return jax.device_put(params, self.param_shardings(0))
 
   # ---- transitions -------------------------------------------------------------------------------------------
 
@@ -226,7 +240,8 @@ class Runner:
                                f"{self.ckpt.directory}.") from None
 
     def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
-      compiled = self._compile(lambda: jax.jit(fn, out_shardings=self.rep).lower(carry).compile())
+      outs = self._part_shardings(jax.eval_shape(fn, carry), t, dst)
+      compiled = self._compile(lambda: jax.jit(fn, out_shardings=outs).lower(carry).compile())
 
       def timed(c):
         t0 = time.perf_counter()
@@ -248,6 +263,26 @@ class Runner:
       self.log_eval(t.probe_levels[event], tree, dst, g, event)
     self.log_eval(dst.level, params, dst, g, t.final_event)
     return TrainState(params, opt_state), held
+
+  def param_shardings(self, level: int):
+    return param_shardings(self.plan.levels[level], self.mesh)
+
+  def _part_shardings(self, out: dict, t, dst: Stage) -> dict:
+    """Where a transition part's outputs live: each tree of a level with that level's shardings (a coalesced tree is
+    written straight into the small model's shards, never gathered whole)."""
+    level_of = {"params": dst.level, **t.probe_levels}
+    shardings = {}
+    for key in out:
+      if key == "opt_state":
+        shardings[key] = self.steps_for(dst).shardings.opt_state
+      elif key == "put":
+        shardings[key] = {lvl: self.param_shardings(lvl) for lvl in out[key]}
+      elif key in level_of:
+        shardings[key] = self.param_shardings(level_of[key])
+      else:
+        raise KeyError(f"Transition {t.name} returned {key!r}, which is no level's tree (params, opt_state, put, or a "
+                       f"probe named in probe_levels).")
+    return shardings
 
   def log_eval(self, level: int, params, stage: Stage, g: int, event: str) -> dict:
     ev = self.evaluate(self.eval_fn(level), params)
@@ -303,7 +338,10 @@ class Runner:
       _fault(f"step:{g + 1}")
       if pending is not None:
         window.append(self._fetch_loss(pending, stage, cfg))
-      pending = (g + 1, metrics)
+      pending, last = (g + 1, metrics), metrics
+      if self._sync_each_step:
+        window.append(self._fetch_loss(pending, stage, cfg))
+        pending = None
       pos.count_step(stage.index, step_flops, tc.batch_size)
       if progress is not None:
         progress.update(1)
@@ -311,9 +349,10 @@ class Runner:
       due_eval = (tc.eval_every > 0 and g1 % tc.eval_every == 0) or done
       due_ckpt = (self.config.checkpoint.every > 0 and g1 % self.config.checkpoint.every == 0) or done
       if g1 % tc.log_every == 0 or due_eval or due_ckpt:
-        window.append(self._fetch_loss(pending, stage, cfg))
-        lr = float(jax.device_get(pending[1]["lr"]))
-        pending = None
+        if pending is not None:
+          window.append(self._fetch_loss(pending, stage, cfg))
+          pending = None
+        lr = float(jax.device_get(last["lr"]))
         timer.pause(state)
         self._at_boundary(state, held, stage, float(np.mean(window)), lr, done, due_eval, due_ckpt, progress)
         window.clear()
@@ -383,6 +422,7 @@ class Runner:
     }
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
+    self.state = state  # The final state, for a caller that inspects it (e.g. its shardings).
     self.close()
     logging.info("Done: eval loss %.4f, %.3g FLOPs, %.1f s of training. Summary: %s", summary["final_eval_loss"],
                  summary["total_flops"], summary["train_seconds"], os.path.join(self.workdir, "summary.json"))

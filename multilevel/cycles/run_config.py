@@ -20,7 +20,8 @@ from multilevel.train.objectives import ObjectiveConfig
 from multilevel.typed_config import ConfigError, as_mapping, coerce, section_from
 
 # Settings that do not change what is trained; a resumed run may change them freely.
-NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices")
+NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices",
+                "train.mesh")  # A run resumes on a mesh of another shape (bit-exact on the same one).
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,5 +4,6 @@ from multilevel.train.flops import forward_flops_per_example, train_flops_per_st
 from multilevel.train.objectives import OBJECTIVES, ObjectiveConfig, mlm_corrupt, objective_of, tokens_per_example
 from multilevel.train.optim import LrSchedule, OptimConfig, carry_moments, decay_mask
 from multilevel.train.evaluate import Evaluator
-from multilevel.train.step import (StepConfig, Steps, TrainState, build_steps, eval_step, make_mesh, put_batch,
-                                   replicated, train_step_fn)
+from multilevel.train.sharding import make_mesh, param_shardings, parse_mesh, replicated
+from multilevel.train.step import (StepConfig, Steps, TrainState, build_steps, eval_step, init_params, put_batch,
+                                   state_shardings, train_step_fn)

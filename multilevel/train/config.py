@@ -25,6 +25,7 @@ class TrainConfig:
   grad_accum: int = 1  # Microbatches per step (the batch is split into this many).
   seed: int = 42
   num_devices: int = 0  # 0: one device on CPU, all devices on GPU/TPU.
+  mesh: str = ""  # Named mesh axes, e.g. "data:2,fsdp:2" (product = devices used); '' = all of them on data.
   mlm_prob: float = 0.15
   label_smoothing: float = 0.1
   mixup_alpha: float = 0.0

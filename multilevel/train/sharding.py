@@ -76,7 +76,8 @@ def make_mesh(spec: str = "", num_devices: int | None = None) -> jax.sharding.Me
 
 
 def axis_size(mesh, name: str) -> int:
-  return int(dict(zip(mesh.axis_names, mesh.devices.shape)).get(name, 1))
+  """Size of a mesh axis (1 if the mesh has no such axis); works on an ``AbstractMesh`` too."""
+  return int(dict(mesh.shape).get(name, 1))
 
 
 def batch_spec(mesh) -> P:

@@ -1,9 +1,11 @@
-"""Jitted, data-parallel train and eval steps over a device mesh.
+"""Jitted train and eval steps over a device mesh: data parallel, with parameters sharded over ``fsdp``.
 
-Parameters and optimizer state are replicated (``P()``), the batch is split over the ``data`` axis (``P('data')``),
-and XLA inserts the gradient all-reduce. The same code runs on one CPU, a GPU node, or many hosts after
-``jax.distributed.initialize()``: each host feeds its own rows and ``make_array_from_process_local_data`` assembles
-the global batch. A step is compiled once per level shape and donates the state it replaces.
+The batch is split over every mesh axis; parameters and optimizer moments are replicated on ``data`` and split over
+``fsdp`` as the family's axis-role table says (``sharding.py``); XLA inserts the all-gathers and the gradient
+reductions. The same code runs on one CPU, a GPU node, or many hosts after ``jax.distributed.initialize()``: each
+host feeds its own rows and ``make_array_from_process_local_data`` assembles the global batch. A step is compiled once
+per level shape and donates the state it replaces; the state is created sharded (``Steps.init_state``,
+``init_params``), never whole on one device.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from multilevel import models as M
 from multilevel.models import ModelConfig
 from multilevel.train.objectives import ObjectiveConfig, objective_of
 from multilevel.train.optim import OptimConfig
+from multilevel.train.sharding import batch_spec, like_params, make_mesh, param_shardings, replicated  # noqa: F401
 
 
 @flax.struct.dataclass
@@ -30,25 +34,12 @@ class TrainState:
   opt_state: Any
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  """A 1-D ``data`` mesh over ``num_devices`` devices (all by default) with Auto axis types."""
-  devices = jax.devices()
-  n = len(devices) if not num_devices else num_devices
-  if n > len(devices):
-    raise ValueError(f"Asked for {n} devices but only {len(devices)} are visible ({devices[0].platform}).")
-  return jax.make_mesh((n,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices[:n])
-
-
-def replicated(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
 def batch_sharding(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P("data"))
+  return NamedSharding(mesh, batch_spec(mesh))
 
 
 def put_batch(batch: dict, mesh) -> dict:
-  """Host-local numpy rows -> one global array per key, split over the ``data`` axis."""
+  """Host-local numpy rows -> one global array per key, its rows split over the mesh."""
   sharding = batch_sharding(mesh)
   n = mesh.devices.size // jax.process_count()
   out = {}
@@ -59,6 +50,18 @@ def put_batch(batch: dict, mesh) -> dict:
                        f"choose a batch size divisible by the device count.")
     out[k] = jax.make_array_from_process_local_data(sharding, v)
   return out
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_init(cfg: ModelConfig, seed: int, mesh):
+  return jax.jit(lambda: M.init_params(cfg, seed), out_shardings=param_shardings(cfg, mesh))
+
+
+def init_params(cfg: ModelConfig, seed: int, mesh):
+  """Fresh parameters of ``cfg``, created sharded on ``mesh`` by a jitted initializer with ``out_shardings``: no
+  device ever holds the whole tree unless the mesh replicates it. The same bits on every mesh (JAX's partitionable
+  random numbers), not quite those of an eager ``multilevel.models.init_params`` (XLA fuses the sampling)."""
+  return _sharded_init(cfg, int(seed), mesh)()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +167,13 @@ class Steps:
   eval: Any
   lr: optax.Schedule
   mesh: Any
+  shardings: TrainState  # Of the parameters and the optimizer state.
+  _init_opt: Any = None
   _compiled: dict = dataclasses.field(default_factory=dict)
 
   def init_state(self, params) -> TrainState:
-    return TrainState(params, self.tx.init(params))
+    """The state with a fresh optimizer state, created sharded like the parameters."""
+    return TrainState(params, self._init_opt(params))
 
   def compile_train(self, state: TrainState, batch: dict, global_step):
     key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
@@ -180,7 +186,14 @@ class Steps:
 def eval_step(sc: StepConfig, mesh):
   """The jitted ``(params, batch, index) -> sums`` of one model and objective (shared by every optimizer)."""
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  return jax.jit(eval_sums_fn(sc), in_shardings=(rep, bat, rep), out_shardings=rep)
+  return jax.jit(eval_sums_fn(sc), in_shardings=(param_shardings(sc.model, mesh), bat, rep), out_shardings=rep)
+
+
+def state_shardings(model: ModelConfig, tx: optax.GradientTransformation, mesh) -> TrainState:
+  """Shardings of a train state: the parameters' from the axis-role table, Adam's moments alike, counts replicated."""
+  params = param_shardings(model, mesh)
+  abstract = M.abstract_params(model)
+  return TrainState(params, like_params(jax.eval_shape(tx.init, abstract), abstract, params, mesh))
 
 
 @functools.lru_cache(maxsize=32)
@@ -189,6 +202,8 @@ def build_steps(sc: StepConfig, oc: OptimConfig, mesh) -> Steps:
   one way the driver, the tests and the benchmarks build a train step."""
   tx = oc.build()
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  train = jax.jit(train_step_fn(sc, tx, oc.schedule.build()), in_shardings=(rep, bat, rep),
-                  out_shardings=(rep, rep), donate_argnums=(0,))
-  return Steps(tx, train, eval_step(sc, mesh), oc.schedule.build(), mesh)
+  st = state_shardings(sc.model, tx, mesh)
+  train = jax.jit(train_step_fn(sc, tx, oc.schedule.build()), in_shardings=(st, bat, rep), out_shardings=(st, rep),
+                  donate_argnums=(0,))
+  init_opt = jax.jit(tx.init, in_shardings=(st.params,), out_shardings=st.opt_state)
+  return Steps(tx, train, eval_step(sc, mesh), oc.schedule.build(), mesh, st, init_opt)
