@@ -222,3 +222,30 @@ def test_inputs_the_model_cannot_take_are_refused_with_the_limit():
   deit = M.preset("deit-test")
   with pytest.raises(ValueError, match=r"\(batch, 8, 8, 1\) \(image_size=8, num_channels=1\), got \(2, 8, 8, 3\)"):
     M.apply(deit, M.init_params(deit, 0), jnp.zeros((2, 8, 8, 3)))
+
+
+# ------------------------------------------------------------------------------------------------- run in parts
+
+@pytest.mark.parametrize("kind", ["bert", "gpt", "deit"])
+def test_a_model_run_in_parts_computes_the_whole_model(kind):
+  from multilevel.models import parts
+  cfg = TINY[kind]
+  p = params_of(kind)
+  x = tokens(cfg) if kind != "deit" else jnp.asarray(
+      np.random.default_rng(0).standard_normal((2, cfg.image_size, cfg.image_size, cfg.num_channels)), jnp.float32)
+  whole = M.apply(cfg, p, x)
+  cut = jax.tree.map(lambda a: (a[:1], a[1:]), p["layers"])
+  slices = [jax.tree.map(lambda t: t[i], cut, is_leaf=lambda t: isinstance(t, tuple)) for i in range(2)]
+  split = parts.apply_in_parts(cfg, parts.outer(p), slices, x)
+  np.testing.assert_allclose(split, whole, rtol=0, atol=1e-6)
+
+
+def test_frozen_parts_get_no_gradient():
+  from multilevel.models import parts
+  cfg, p = TINY["gpt"], params_of("gpt")
+  x = tokens(cfg)
+  cut = jax.tree.map(lambda a: (a[:1], a[1:]), p["layers"])
+  slices = [jax.tree.map(lambda t: t[i], cut, is_leaf=lambda t: isinstance(t, tuple)) for i in range(2)]
+  g = jax.grad(lambda s: parts.apply_in_parts(cfg, parts.outer(p), s, x, frozen=1).sum())(slices)
+  assert all(np.all(leaf == 0) for leaf in jax.tree.leaves(g[0]))
+  assert any(np.any(leaf != 0) for leaf in jax.tree.leaves(g[1]))

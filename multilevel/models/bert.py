@@ -12,24 +12,33 @@ from multilevel.models.transformer import check_tokens, dense_init, layer_norm_a
 
 
 class Bert(nn.Module):
-  """``__call__(tokens_BxT, token_types_BxT=None, mask_BxT=None, train=False) -> logits_BxTxV`` (float32)."""
+  """``__call__(tokens_BxT, token_types_BxT=None, mask_BxT=None, train=False) -> logits_BxTxV`` (float32).
+
+  ``part``: ``"embed"`` (tokens -> the stream entering the blocks), ``"head"`` (the stream leaving them -> logits; the
+  first argument is then that stream), or ``"all"``."""
 
   cfg: ModelConfig
+  part: str = "all"
 
   @nn.compact
-  def __call__(self, tokens_BxT, token_types_BxT=None, mask_BxT=None, train: bool = False):
+  def __call__(self, x, token_types_BxT=None, mask_BxT=None, train: bool = False):
     cfg = self.cfg
-    check_tokens(cfg, tokens_BxT)
-    t = tokens_BxT.shape[1]
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
-    pos = self.param("position", dense_init(), (cfg.max_len, cfg.width))
-    types = self.param("token_type", dense_init(), (cfg.type_vocab_size, cfg.width))
-    if token_types_BxT is None:
-      token_types_BxT = jnp.zeros_like(tokens_BxT)
-    x_BxTxD = word(tokens_BxT) + pos[None, :t] + jnp.take(types, token_types_BxT, axis=0)
-    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_embed")(x_BxTxD)
-    x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = stack(cfg, pre_ln=False, causal=False, deterministic=not train)(x_BxTxD, mask_BxT)
+    if self.part != "head":
+      tokens_BxT = x
+      check_tokens(cfg, tokens_BxT)
+      t = tokens_BxT.shape[1]
+      pos = self.param("position", dense_init(), (cfg.max_len, cfg.width))
+      types = self.param("token_type", dense_init(), (cfg.type_vocab_size, cfg.width))
+      if token_types_BxT is None:
+        token_types_BxT = jnp.zeros_like(tokens_BxT)
+      x_BxTxD = word(tokens_BxT) + pos[None, :t] + jnp.take(types, token_types_BxT, axis=0)
+      x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_embed")(x_BxTxD)
+      x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
+      if self.part == "embed":
+        return x_BxTxD
+      x = stack(cfg, pre_ln=False, causal=False, deterministic=not train)(x_BxTxD, mask_BxT)
+    x_BxTxD = x
     h_BxTxD = nn.Dense(cfg.width, kernel_init=dense_init(), name="mlm_dense")(x_BxTxD)
     h_BxTxD = nn.gelu(h_BxTxD, approximate=False)
     h_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="mlm_ln")(h_BxTxD)

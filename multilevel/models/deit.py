@@ -19,24 +19,29 @@ class Deit(nn.Module):
   """
 
   cfg: ModelConfig
+  part: str = "all"  # "embed" | "head" | "all", as for the text families.
 
   @nn.compact
-  def __call__(self, images_BxHxWxC, train: bool = False):
+  def __call__(self, x, train: bool = False):
     cfg = self.cfg
-    check_images(cfg, images_BxHxWxC, "DeiT")
-    p = cfg.patch_size
-    x = nn.Conv(cfg.width, (p, p), strides=(p, p), padding="VALID", kernel_init=dense_init(), name="patch")(
-        images_BxHxWxC.astype(compute_dtype(cfg)))
-    b = x.shape[0]
-    x_BxNxD = x.reshape(b, -1, cfg.width).astype(jnp.float32)
-    tokens = [jnp.broadcast_to(self.param("cls", nn.initializers.zeros, (1, 1, cfg.width)), (b, 1, cfg.width))]
-    if cfg.distill_token:
-      tokens.append(jnp.broadcast_to(self.param("dist", dense_init(), (1, 1, cfg.width)), (b, 1, cfg.width)))
-    x_BxTxD = jnp.concatenate(tokens + [x_BxNxD], axis=1)
-    x_BxTxD = x_BxTxD + self.param("pos", dense_init(), (1, cfg.seq_len, cfg.width))
-    x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = stack(cfg, pre_ln=True, causal=False, deterministic=not train)(x_BxTxD)
-    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x_BxTxD).astype(jnp.float32)
+    if self.part != "head":
+      images_BxHxWxC = x
+      check_images(cfg, images_BxHxWxC, "DeiT")
+      p = cfg.patch_size
+      x = nn.Conv(cfg.width, (p, p), strides=(p, p), padding="VALID", kernel_init=dense_init(), name="patch")(
+          images_BxHxWxC.astype(compute_dtype(cfg)))
+      b = x.shape[0]
+      x_BxNxD = x.reshape(b, -1, cfg.width).astype(jnp.float32)
+      tokens = [jnp.broadcast_to(self.param("cls", nn.initializers.zeros, (1, 1, cfg.width)), (b, 1, cfg.width))]
+      if cfg.distill_token:
+        tokens.append(jnp.broadcast_to(self.param("dist", dense_init(), (1, 1, cfg.width)), (b, 1, cfg.width)))
+      x_BxTxD = jnp.concatenate(tokens + [x_BxNxD], axis=1)
+      x_BxTxD = x_BxTxD + self.param("pos", dense_init(), (1, cfg.seq_len, cfg.width))
+      x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
+      if self.part == "embed":
+        return x_BxTxD
+      x = stack(cfg, pre_ln=True, causal=False, deterministic=not train)(x_BxTxD)
+    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x).astype(jnp.float32)
     logits_BxC = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.zeros, name="head")(x_BxTxD[:, 0])
     if cfg.distill_token:
       dist_BxC = nn.Dense(cfg.num_classes, kernel_init=nn.initializers.zeros, name="head_dist")(x_BxTxD[:, 1])

@@ -32,6 +32,7 @@ class Family:
     ln_eps: the family's default normalisation epsilon (``ModelConfig.ln_eps = -1`` selects it).
     gelu_tanh: the tanh approximation of GELU (GPT-2's "gelu_new"); otherwise the exact erf form.
     scaled_residual_init: residual-branch output projections start at std 0.02 / sqrt(2 L) (GPT-2).
+    causal: attention sees only earlier positions (decoders).
     embedding_params: top-level parameter names left out of non-embedding counts (the 6N convention).
     positions: ``ModelConfig -> int``, the positions the transformer stack processes per example.
     head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
@@ -49,6 +50,7 @@ class Family:
   head_flops: Callable[[Any], float]
   gelu_tanh: bool = False
   scaled_residual_init: bool = False
+  causal: bool = False
   embedding_params: tuple[str, ...] = ()
 
   def __post_init__(self):

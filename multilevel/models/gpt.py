@@ -12,21 +12,29 @@ from multilevel.models.transformer import check_tokens, dense_init, layer_norm_a
 
 
 class Gpt(nn.Module):
-  """``__call__(tokens_BxT, train=False) -> logits_BxTxV`` (float32)."""
+  """``__call__(tokens_BxT, train=False) -> logits_BxTxV`` (float32).
+
+  ``part`` runs a piece of the model: ``"embed"`` (tokens -> the residual stream entering the blocks) or ``"head"``
+  (the stream leaving the blocks -> logits); ``"all"`` is the whole model (``models.parts`` composes them)."""
 
   cfg: ModelConfig
+  part: str = "all"
 
   @nn.compact
-  def __call__(self, tokens_BxT, train: bool = False):
+  def __call__(self, x, train: bool = False):
     cfg = self.cfg
-    check_tokens(cfg, tokens_BxT)
-    t = tokens_BxT.shape[1]
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
-    pos = self.param("position", nn.initializers.normal(0.01), (cfg.max_len, cfg.width))
-    x_BxTxD = word(tokens_BxT) + pos[None, :t]
-    x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
-    x_BxTxD = stack(cfg, pre_ln=True, causal=True, deterministic=not train)(x_BxTxD)
-    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x_BxTxD)
+    if self.part != "head":
+      tokens_BxT = x
+      check_tokens(cfg, tokens_BxT)
+      t = tokens_BxT.shape[1]
+      pos = self.param("position", nn.initializers.normal(0.01), (cfg.max_len, cfg.width))
+      x_BxTxD = word(tokens_BxT) + pos[None, :t]
+      x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
+      if self.part == "embed":
+        return x_BxTxD
+      x = stack(cfg, pre_ln=True, causal=True, deterministic=not train)(x_BxTxD)
+    x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_final")(x)
     return word.attend(x_BxTxD.astype(jnp.float32))
 
 
@@ -45,4 +53,4 @@ def positions(cfg: ModelConfig) -> int:
 GPT = register(Family(
     "gpt", Gpt, GPT_AXES, modality="text", objective="clm", pre_ln=True, tied_embedding=True, ln_eps=1e-5,
     positions=positions, head_flops=lambda cfg: 2 * positions(cfg) * cfg.width * cfg.vocab_size,
-    gelu_tanh=True, scaled_residual_init=True, embedding_params=("word", "position")))
+    gelu_tanh=True, scaled_residual_init=True, causal=True, embedding_params=("word", "position")))

@@ -148,3 +148,18 @@ def stack(cfg: ModelConfig, *, pre_ln: bool, causal: bool, deterministic: bool) 
   )
   module = scanned(cfg, pre_ln, causal, deterministic, name="layers")
   return lambda x_BxTxD, mask_BxT=None: module(x_BxTxD, mask_BxT)[0]
+
+
+class Blocks(nn.Module):
+  """The blocks of ``cfg`` alone (``cfg.num_layers`` of them), for running a slice of a model's stacked layers:
+  ``Blocks(cfg.replace(num_layers=k), ...).apply({"params": {"layers": slice}}, x, mask)``."""
+
+  cfg: ModelConfig
+  pre_ln: bool
+  causal: bool
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxT=None):
+    return stack(self.cfg, pre_ln=self.pre_ln, causal=self.causal, deterministic=self.deterministic)(x_BxTxD,
+                                                                                                      mask_BxT)
