@@ -31,7 +31,8 @@ from multilevel.cycles.position import RunPosition
 from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, init_params, make_mesh,
-                              param_shardings, put_batch, tokens_per_example, train_flops_per_step)
+                              param_shardings, put_batch, tokens_per_example)
+from multilevel.train.views import FULL
 from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError
 
@@ -134,16 +135,17 @@ class Runner:
 
   # ---- compiled pieces ---------------------------------------------------------------------------------------
 
-  def step_config(self, level: int) -> StepConfig:
+  def step_config(self, level: int, view=FULL) -> StepConfig:
     tc = self.config.train
-    return StepConfig(self.plan.levels[level], self.objective, tc.grad_accum, tc.seed)
+    return StepConfig(self.plan.levels[level], self.objective, tc.grad_accum, tc.seed, view)
 
   def steps_for(self, stage: Stage):
-    """The stage's ``Steps`` (optimizer, train and eval steps), jitted once per shape and optimizer."""
-    return build_steps(self.step_config(stage.level), stage.optim, self.mesh)
+    """The stage's ``Steps`` (optimizer, train and eval steps), jitted once per shape, view and optimizer."""
+    return build_steps(self.step_config(stage.level, stage.view), stage.optim, self.mesh)
 
-  def eval_fn(self, level: int):
-    return eval_step(self.step_config(level), self.mesh)
+  def eval_fn(self, level: int, view=FULL):
+    """The evaluation of level ``level``'s model, held as ``view`` holds it (a stage's tree, or a plain one)."""
+    return eval_step(self.step_config(level, view), self.mesh)
 
   def _compile(self, build):
     """``build()`` (an ahead-of-time compilation), timed as compile seconds: kept out of the training wall-clock."""
@@ -183,10 +185,10 @@ class Runner:
       raise CheckpointError(f"Checkpoint {latest} in {self.ckpt.directory} was written by another version of "
                             f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
     stage = self.plan.stages[pos.stage]
-    params = M.abstract_params(self.plan.levels[stage.level])
+    params = stage.view.abstract(self.plan.levels[stage.level])
     held = self.plan.snapshots_before(stage.index)
     steps = self.steps_for(stage)
-    abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, params),
+    abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, stage.view.split(params)[0]),
                 "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in held}}
     shardings = {"params": steps.shardings.params, "opt_state": steps.shardings.opt_state,
                  "snapshots": {str(k): self.param_shardings(k) for k in held}}
@@ -201,7 +203,12 @@ class Runner:
 
   def fresh(self):
     stage = self.plan.stages[0]
-    state = self.steps_for(stage).init_state(self.initial_params())
+    steps = self.steps_for(stage)
+    params = self.initial_params(stage.level)
+    if stage.view is not FULL:
+      cfg = self.plan.levels[stage.level]
+      params = jax.jit(lambda p: stage.view.from_model(cfg, p), out_shardings=steps.shardings.params)(params)
+    state = steps.init_state(params)
     self.pos = RunPosition()
     self.writer.truncate(0)
     self.save(state, {})
@@ -211,11 +218,16 @@ class Runner:
                         {"config": self.cfg_json, "plan": self.plan.describe().splitlines()})
     return state, {}
 
-  def initial_params(self):
-    """Random init, or the weights of a Hugging Face checkpoint (``config.init_from``) for the target model."""
+  def initial_params(self, level: int = 0):
+    """Random init of the first stage's model (``level``), or the weights of a Hugging Face checkpoint
+    (``config.init_from``) for the target model."""
     source = self.config.init_from
     if not source:
-      return init_params(self.plan.levels[0], self.config.train.seed, self.mesh)
+      return init_params(self.plan.levels[level], self.config.train.seed, self.mesh)
+    if level != 0:
+      raise ConfigError(f"init_from={source!r} gives the target model's weights, but method {self.plan.method!r} "
+                        f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
+                        f"with init_from, or leave init_from empty.")
     from multilevel.interop import load_hf
     _, params = load_hf(source)
     try:
@@ -260,8 +272,8 @@ class Runner:
                            f"holds {self.plan.snapshots_before(dst.index)}: the method's plan and transition disagree.")
     g = self.pos.global_step
     for event, tree in probes.items():
-      self.log_eval(t.probe_levels[event], tree, dst, g, event)
-    self.log_eval(dst.level, params, dst, g, t.final_event)
+      self.log_eval(self.eval_fn(t.probe_levels[event]), tree, dst, g, event)
+    self.log_eval(self.eval_fn(dst.level, dst.view), params, dst, g, t.final_event)
     return TrainState(params, opt_state), held
 
   def param_shardings(self, level: int):
@@ -270,11 +282,11 @@ class Runner:
   def _part_shardings(self, out: dict, t, dst: Stage) -> dict:
     """Where a transition part's outputs live: each tree of a level with that level's shardings (a coalesced tree is
     written straight into the small model's shards, never gathered whole)."""
-    level_of = {"params": dst.level, **t.probe_levels}
+    level_of = dict(t.probe_levels)
     shardings = {}
     for key in out:
-      if key == "opt_state":
-        shardings[key] = self.steps_for(dst).shardings.opt_state
+      if key in ("params", "opt_state"):  # The next stage's state, as its view holds it.
+        shardings[key] = getattr(self.steps_for(dst).shardings, key)
       elif key == "put":
         shardings[key] = {lvl: self.param_shardings(lvl) for lvl in out[key]}
       elif key in level_of:
@@ -284,8 +296,8 @@ class Runner:
                        f"probe named in probe_levels).")
     return shardings
 
-  def log_eval(self, level: int, params, stage: Stage, g: int, event: str) -> dict:
-    ev = self.evaluate(self.eval_fn(level), params)
+  def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str) -> dict:
+    ev = self.evaluate(eval_fn, params)
     rec = {"step": g, "stage": stage.index, "level": stage.level, "event": event, **self._eval_fields(ev)}
     self.writer.write(rec)
     logging.info("step %d %s (stage %s): eval loss %.4f", g, event, stage.name, ev["eval_loss"])
@@ -323,7 +335,7 @@ class Runner:
     tc, pos = self.config.train, self.pos
     cfg = self.plan.levels[stage.level]
     steps = self.steps_for(stage)
-    step_flops = train_flops_per_step(cfg, tc.batch_size)
+    step_flops = stage.view.train_flops_per_step(cfg, tc.batch_size)
     window: list[float] = []
     pending, compiled = None, None
     timer = _StageTimer(pos, stage.index)
@@ -380,7 +392,7 @@ class Runner:
            "flops": pos.flops, "train_seconds": pos.train_seconds, "transition_seconds": pos.transition_seconds,
            "examples": pos.examples, "tokens": pos.examples * tokens_per or None}
     if due_eval:
-      ev = self.evaluate(self.eval_fn(stage.level), state.params)
+      ev = self.evaluate(self.eval_fn(stage.level, stage.view), state.params)
       self.last_eval = (pos.global_step, ev)
       rec.update(self._eval_fields(ev))
       if done:
@@ -396,7 +408,7 @@ class Runner:
     pos, last = self.pos, self.plan.stages[-1]
     step, ev = self.last_eval or (None, None)
     if step != pos.global_step:  # Not evaluated at the end of training in this process (e.g. a finished run).
-      ev = self.evaluate(self.eval_fn(last.level), state.params)
+      ev = self.evaluate(self.eval_fn(last.level, last.view), state.params)
     per_stage = []
     for st, rec in zip(self.plan.stages, pos.per_stage):
       c = self.plan.levels[st.level]

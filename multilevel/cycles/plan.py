@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from multilevel.models import ModelConfig
 from multilevel.registry import Registry
 from multilevel.train.optim import LrSchedule, OptimConfig
+from multilevel.train.views import FULL, View
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,8 @@ class Stage:
 
   ``kind`` is a label for logs and summaries (the V-cycle's 'scratch' | 'down' | 'bottom' | 'up'); ``enter`` names
   how the parameters arrive ('init' for the first stage, else the method's transition into this stage); ``held``
-  lists the levels whose snapshot trees are kept while this stage trains (the checkpoint stores them).
+  lists the levels whose snapshot trees are kept while this stage trains (the checkpoint stores them); ``view`` says
+  what the stage holds and trains of its model (``train.views``: the whole model unless the method says otherwise).
   """
 
   index: int
@@ -34,6 +36,7 @@ class Stage:
   steps: int
   optim: OptimConfig
   held: tuple[int, ...] = ()
+  view: View = FULL
 
   @property
   def lr(self) -> LrSchedule:
@@ -68,7 +71,8 @@ class Plan:
     for s in self.stages:
       c = self.levels[s.level]
       lines.append(f"  stage {s.name}: enter by {s.enter}, L{c.num_layers}/d{c.width}/h{c.num_heads}, {s.steps} steps, "
-                   f"lr peak {s.lr.peak:g} warmup {s.lr.warmup} decay {s.lr.decay}")
+                   f"lr peak {s.lr.peak:g} warmup {s.lr.warmup} decay {s.lr.decay}"
+                   + ("" if s.view is FULL else f", trains {s.view.name}"))
     return "\n".join(lines)
 
 
@@ -127,3 +131,50 @@ def optim_for(schedule: LrSchedule, train) -> OptimConfig:
   """The stage optimizer: AdamW with the run's hyperparameters (``train``: a TrainConfig) and ``schedule``."""
   return OptimConfig(schedule, float(train.weight_decay), float(train.b1), float(train.b2), float(train.eps),
                      float(train.grad_clip))
+
+
+def scratch_schedules(train, steps: tuple[int, ...], peak: float | None = None) -> tuple[LrSchedule, ...]:
+  """Scratch's learning-rate curve (linear warm-up over ``train.warmup_frac`` of the budget, then linear decay to
+  zero at its end) cut into consecutive stages of ``steps`` steps: each stage's schedule starts where the previous
+  one stopped, so the curve is continuous across stages although each stage has its own optimizer (StackBERT's
+  piecewise-linear schedule; MSLT). The warm-up must end inside the first stage."""
+  total, lr = sum(steps), float(train.lr if peak is None else peak)
+  warm = round(train.warmup_frac * total)
+  if train.decay not in ("linear", "constant"):
+    raise ValueError(f"A learning-rate curve continuous across stages is built from linear pieces; train.decay="
+                     f"{train.decay!r} is not. Use train.decay='linear' (or 'constant'), or the method's option that "
+                     f"restarts the schedule at each stage.")
+  if warm > steps[0]:
+    raise ValueError(f"The warm-up ({warm} steps, train.warmup_frac={train.warmup_frac}) is longer than the first "
+                     f"stage ({steps[0]} steps); lower train.warmup_frac or lengthen the first stage.")
+  if train.decay == "constant":
+    return tuple(LrSchedule(lr, n, warm if i == 0 else 0, "constant") for i, n in enumerate(steps))
+
+  def at(t):  # The whole curve's value at step t.
+    return lr * (t / warm if t < warm else (total - t) / max(total - warm, 1))
+
+  out, start = [], 0
+  for i, n in enumerate(steps):
+    end = start + n
+    if i == 0:
+      out.append(LrSchedule(lr, n, warm, "linear", at(end) / lr))
+    else:
+      head = at(start)
+      out.append(LrSchedule(head, n, 0, "linear", at(end) / head))
+    start = end
+  return tuple(out)
+
+
+def fresh_optimizer(dst: Stage) -> tuple[str, Callable[[dict], dict]]:
+  """The transition part that gives ``dst`` a fresh optimizer state over its view's trainable parameters."""
+  return ("optimizer", lambda c: {"opt_state": dst.optim.build().init(dst.view.split(c["params"])[0])})
+
+
+def split_steps(total: int, fracs, names) -> tuple[int, ...]:
+  """``round(frac * total)`` steps per stage, the last stage taking what is left; every stage at least one step."""
+  steps = [round(float(f) * total) for f in fracs[:-1]]
+  steps.append(total - sum(steps))
+  for n, name in zip(steps, names):
+    if n < 1:
+      raise ValueError(f"{name} gives {n} steps at train.steps={total}; raise it or train.steps.")
+  return tuple(steps)

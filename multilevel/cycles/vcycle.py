@@ -25,7 +25,10 @@ from typing import Any
 
 from multilevel import models as M
 from multilevel import operators as O
+from multilevel.cycles.ligo import LigoConfig
+from multilevel.cycles.mslt import MsltConfig
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
+from multilevel.cycles.stack import GStackConfig, StackBertConfig
 from multilevel.models import ModelConfig
 from multilevel.operators.mapping import DEPTH_GROWTH, DEPTH_MODES
 from multilevel.train.config import TrainConfig
@@ -38,7 +41,8 @@ FINAL_SCHEDULES = ("restart", "baseline_tail")
 
 @dataclasses.dataclass(frozen=True)
 class CycleConfig:
-  """The ``cycle`` section: which method, and the V-cycle's knobs. Each default lives here and nowhere else.
+  """The ``cycle`` section: which method, the V-cycle's knobs, and a sub-section of options for each other method
+  (``cycle.gstack``, ``cycle.stackbert``, ``cycle.mslt``, ...). Each default lives here and nowhere else.
 
   The defaults are what won in ``benchmarks/`` for the pre-LN families (README, "Does it save compute?"); the family
   config files override them (BERT keeps the reference growth), and ``,reference`` after the size restores the
@@ -67,6 +71,11 @@ class CycleConfig:
   transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
   final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
   restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
+  # The other methods' options (each method's file defines its section).
+  gstack: GStackConfig = GStackConfig()
+  stackbert: StackBertConfig = StackBertConfig()
+  mslt: MsltConfig = MsltConfig()
+  ligo: LigoConfig = LigoConfig()
 
   def __post_init__(self):
     check_fields(self, "cycle")

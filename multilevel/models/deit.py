@@ -63,11 +63,15 @@ DEIT_AXES = A.with_blocks({
 })
 
 
+def _patch_flops(cfg: ModelConfig) -> float:
+  return 2 * cfg.num_patches * cfg.patch_size ** 2 * cfg.num_channels * cfg.width
+
+
 def _head_flops(cfg: ModelConfig) -> float:
-  patch = 2 * cfg.num_patches * cfg.patch_size ** 2 * cfg.num_channels * cfg.width
-  return patch + 2 * cfg.width * cfg.num_classes * (2 if cfg.distill_token else 1)
+  return _patch_flops(cfg) + 2 * cfg.width * cfg.num_classes * (2 if cfg.distill_token else 1)
 
 
 DEIT = register(Family(
     "deit", Deit, DEIT_AXES, modality="images", objective="classification", pre_ln=True, tied_embedding=False,
-    ln_eps=1e-6, positions=lambda cfg: cfg.seq_len, head_flops=_head_flops, embedding_params=("pos",)))
+    ln_eps=1e-6, positions=lambda cfg: cfg.seq_len, head_flops=_head_flops, embedding_params=("pos",),
+    embed_flops=_patch_flops))

@@ -36,6 +36,8 @@ class Family:
     embedding_params: top-level parameter names left out of non-embedding counts (the 6N convention).
     positions: ``ModelConfig -> int``, the positions the transformer stack processes per example.
     head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
+    embed_flops: ``ModelConfig -> float``, the share of ``head_flops`` below the blocks (DeiT's patch projection);
+      the rest is the output head, above them.
   """
 
   name: str
@@ -52,6 +54,7 @@ class Family:
   scaled_residual_init: bool = False
   causal: bool = False
   embedding_params: tuple[str, ...] = ()
+  embed_flops: Callable[[Any], float] = lambda cfg: 0.0
 
   def __post_init__(self):
     if self.modality not in MODALITIES:

@@ -52,7 +52,9 @@ def apply_in_parts(cfg: ModelConfig, outer_params, slices, *inputs, frozen: int 
   for i, layers in enumerate(slices):
     if i == frozen:
       x = jax.lax.stop_gradient(x) if frozen else x
-    x = blocks(cfg, layers, x, mask, train=train, rngs=rngs)
+    # Each slice draws its own dropout masks (the same key in two slices would repeat them layer for layer).
+    slice_rngs = rngs if not rngs else {k: jax.random.fold_in(v, 1 + i) for k, v in rngs.items()}
+    x = blocks(cfg, layers, x, mask, train=train, rngs=slice_rngs)
   if frozen >= len(slices):
     x = jax.lax.stop_gradient(x)
   return head(cfg, outer_params, x, train=train, rngs=rngs)

@@ -1,7 +1,8 @@
 """Losses per family: masked LM (BERT), causal LM (GPT), image classification (DeiT).
 
-Each objective is ``loss_fn(cfg, obj, params, batch, rng, train) -> {'loss_sum', 'count', 'correct'}``: the sums
-needed to average exactly over devices and microbatches. A family names its objective (``Family.objective``).
+Each objective is ``loss_fn(cfg, obj, params, batch, rng, train, apply=models.apply) -> {'loss_sum', 'count',
+'correct'}``: the sums needed to average exactly over devices and microbatches. ``apply(cfg, params, *inputs, **kw)``
+is the forward pass (a stage's view of the model supplies its own, ``train.views``). A family names its objective (``Family.objective``).
 """
 
 from __future__ import annotations
@@ -48,24 +49,24 @@ def _ce_sums(logits, labels, weights):
   return {"loss_sum": jnp.sum(ce * weights), "count": jnp.sum(weights), "correct": jnp.sum(correct * weights)}
 
 
-def mlm_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool):
+def mlm_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool, apply=M.apply):
   r_mask, r_drop = jax.random.split(rng)
   tokens = batch["tokens"]
   inputs, weights = mlm_corrupt(tokens, r_mask, obj, cfg.vocab_size)
   mask = None if obj.pad_id < 0 else (tokens != obj.pad_id)
-  logits = M.apply(cfg, params, inputs, mask_BxT=mask, train=train, rngs={"dropout": r_drop})
+  logits = apply(cfg, params, inputs, mask_BxT=mask, train=train, rngs={"dropout": r_drop})
   return _ce_sums(logits, tokens, weights)
 
 
-def clm_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool):
+def clm_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool, apply=M.apply):
   tokens = batch["tokens"]
-  logits = M.apply(cfg, params, tokens[:, :-1], train=train, rngs={"dropout": rng})
+  logits = apply(cfg, params, tokens[:, :-1], train=train, rngs={"dropout": rng})
   targets = tokens[:, 1:]
   weights = jnp.ones(targets.shape, jnp.float32) if obj.pad_id < 0 else (targets != obj.pad_id).astype(jnp.float32)
   return _ce_sums(logits, targets, weights)
 
 
-def classification_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool):
+def classification_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, rng, train: bool, apply=M.apply):
   r_mix, r_drop = jax.random.split(rng)
   images, labels = batch["image"], batch["label"]
   onehot = jax.nn.one_hot(labels, cfg.num_classes)
@@ -74,7 +75,7 @@ def classification_loss(cfg: ModelConfig, obj: ObjectiveConfig, params, batch, r
     perm = jax.random.permutation(r_mix, images.shape[0])
     images = lam * images + (1 - lam) * images[perm]
     onehot = lam * onehot + (1 - lam) * onehot[perm]
-  logits = M.apply(cfg, params, images, train=train, rngs={"dropout": r_drop})
+  logits = apply(cfg, params, images, train=train, rngs={"dropout": r_drop})
   smoothing = obj.label_smoothing if train else 0.0
   targets = optax.smooth_labels(onehot, smoothing) if smoothing > 0 else onehot
   ce = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)

@@ -26,6 +26,7 @@ from multilevel.models import ModelConfig
 from multilevel.train.objectives import ObjectiveConfig, objective_of
 from multilevel.train.optim import OptimConfig
 from multilevel.train.sharding import batch_spec, like_params, make_mesh, param_shardings, replicated  # noqa: F401
+from multilevel.train.views import FULL, View
 
 
 @flax.struct.dataclass
@@ -66,12 +67,14 @@ def init_params(cfg: ModelConfig, seed: int, mesh):
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-  """Everything static about a step: the model, the objective, accumulation and the seed (a jit cache key)."""
+  """Everything static about a step: the model, the objective, accumulation, the seed and the stage's view of the
+  model (``views.View``: what the state holds and which part of it trains); a jit cache key."""
 
   model: ModelConfig
   objective: ObjectiveConfig
   grad_accum: int = 1
   seed: int = 0
+  view: View = FULL
 
 
 def _split_micro(batch, n):
@@ -98,37 +101,41 @@ def _schedule_count(opt_state):
 def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation, schedule: optax.Schedule | None = None):
   """``(state, batch, step) -> (state, metrics)``; ``step`` (global, int32) seeds dropout and masking.
 
-  With ``schedule`` (the one inside ``tx``) the metrics report the learning rate this step applied."""
+  With ``schedule`` (the one inside ``tx``) the metrics report the learning rate this step applied. Only the view's
+  trainable part is differentiated and updated (``tx`` and its state see that part alone)."""
   loss_fn = objective_of(sc.model)
-
-  def grads_of(params, micro, rng):
-    def f(p):
-      aux = loss_fn(sc.model, sc.objective, p, micro, rng, True)
-      return aux["loss_sum"] / jnp.maximum(aux["count"], 1.0), aux
-    (_, aux), g = jax.value_and_grad(f, has_aux=True)(params)
-    return g, aux
+  view = sc.view
 
   def step(state: TrainState, batch, global_step):
+    trainable, frozen = view.split(state.params)
+
+    def grads_of(t, micro, rng):
+      def f(p):
+        aux = loss_fn(sc.model, sc.objective, view.merge(p, frozen), micro, rng, True, apply=view.apply)
+        return aux["loss_sum"] / jnp.maximum(aux["count"], 1.0), aux
+      (_, aux), g = jax.value_and_grad(f, has_aux=True)(t)
+      return g, aux
+
     rng = jax.random.fold_in(jax.random.key(sc.seed), global_step)
     if sc.grad_accum == 1:
-      grads, aux = grads_of(state.params, batch, rng)
+      grads, aux = grads_of(trainable, batch, rng)
     else:
       micro = _split_micro(batch, sc.grad_accum)
 
       def body(carry, xs):
         g_acc, aux_acc = carry
         mb, i = xs
-        g, aux = grads_of(state.params, mb, jax.random.fold_in(rng, i))
+        g, aux = grads_of(trainable, mb, jax.random.fold_in(rng, i))
         return (jax.tree.map(jnp.add, g_acc, g), _sum_aux(aux_acc, aux)), None
 
-      zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+      zeros_g = jax.tree.map(jnp.zeros_like, trainable)
       zeros_aux = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
       zeros_aux = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), zeros_aux)
       (grads, aux), _ = jax.lax.scan(body, (zeros_g, zeros_aux), (micro, jnp.arange(sc.grad_accum)))
       grads = jax.tree.map(lambda g: g / sc.grad_accum, grads)
     count = _schedule_count(state.opt_state)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = tx.update(grads, state.opt_state, trainable)
+    params = view.merge(optax.apply_updates(trainable, updates), frozen)
     metrics = {
         "loss": aux["loss_sum"] / jnp.maximum(aux["count"], 1.0),
         "accuracy": aux["correct"] / jnp.maximum(aux["count"], 1.0),
@@ -147,7 +154,7 @@ def eval_sums_fn(sc: StepConfig):
 
   def ev(params, batch, index):
     rng = jax.random.fold_in(jax.random.key(sc.seed + 1_000_003), index)
-    return loss_fn(sc.model, sc.objective, params, batch, rng, False)
+    return loss_fn(sc.model, sc.objective, params, batch, rng, False, apply=sc.view.apply)
 
   return ev
 
@@ -172,7 +179,7 @@ class Steps:
   _compiled: dict = dataclasses.field(default_factory=dict)
 
   def init_state(self, params) -> TrainState:
-    """The state with a fresh optimizer state, created sharded like the parameters."""
+    """The state with a fresh optimizer state (of the view's trainable part), created sharded like the parameters."""
     return TrainState(params, self._init_opt(params))
 
   def compile_train(self, state: TrainState, batch: dict, global_step):
@@ -186,14 +193,14 @@ class Steps:
 def eval_step(sc: StepConfig, mesh):
   """The jitted ``(params, batch, index) -> sums`` of one model and objective (shared by every optimizer)."""
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  return jax.jit(eval_sums_fn(sc), in_shardings=(param_shardings(sc.model, mesh), bat, rep), out_shardings=rep)
+  return jax.jit(eval_sums_fn(sc), in_shardings=(sc.view.shardings(sc.model, mesh), bat, rep), out_shardings=rep)
 
 
-def state_shardings(model: ModelConfig, tx: optax.GradientTransformation, mesh) -> TrainState:
+def state_shardings(model: ModelConfig, tx: optax.GradientTransformation, mesh, view: View = FULL) -> TrainState:
   """Shardings of a train state: the parameters' from the axis-role table, Adam's moments alike, counts replicated."""
-  params = param_shardings(model, mesh)
-  abstract = M.abstract_params(model)
-  return TrainState(params, like_params(jax.eval_shape(tx.init, abstract), abstract, params, mesh))
+  params = view.shardings(model, mesh)
+  trainable = view.split(view.abstract(model))[0]
+  return TrainState(params, like_params(jax.eval_shape(tx.init, trainable), trainable, view.split(params)[0], mesh))
 
 
 @functools.lru_cache(maxsize=32)
@@ -202,8 +209,8 @@ def build_steps(sc: StepConfig, oc: OptimConfig, mesh) -> Steps:
   one way the driver, the tests and the benchmarks build a train step."""
   tx = oc.build()
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  st = state_shardings(sc.model, tx, mesh)
+  st = state_shardings(sc.model, tx, mesh, sc.view)
   train = jax.jit(train_step_fn(sc, tx, oc.schedule.build()), in_shardings=(st, bat, rep), out_shardings=(st, rep),
                   donate_argnums=(0,))
-  init_opt = jax.jit(tx.init, in_shardings=(st.params,), out_shardings=st.opt_state)
+  init_opt = jax.jit(lambda p: tx.init(sc.view.split(p)[0]), in_shardings=(st.params,), out_shardings=st.opt_state)
   return Steps(tx, train, eval_step(sc, mesh), oc.schedule.build(), mesh, st, init_opt)
