@@ -215,3 +215,39 @@ def test_bad_schemes_are_refused():
     O.make_mapping(BIG, width=[[0, 1, 2], [3]])
   with pytest.raises(ValueError, match="the tree to coalesce"):
     O.coalesce(params_of(CFG), O.make_mapping(BIG))
+
+
+# -------------------------------------------------------------------------------------------------------- training
+
+def test_analytic_flops_match_xla_within_10_percent():
+  """One layer, so XLA's cost analysis (which counts a loop body once) sees every matmul exactly once."""
+  from multilevel.train.flops import train_flops_per_step
+  from multilevel.train.objectives import ObjectiveConfig
+  from multilevel.train.optim import LrSchedule, OptimConfig
+  from multilevel.train.step import StepConfig, TrainState, train_step_fn
+  cfg = M.ModelConfig("llama", 1, 4, 32, num_kv_heads=2, ffn_size=256, vocab_size=512, max_len=64)
+  params = M.abstract_params(cfg)
+  tx = OptimConfig(LrSchedule(1e-3, 10)).build()
+  step = jax.jit(train_step_fn(StepConfig(cfg, ObjectiveConfig()), tx))
+  batch = {"tokens": jax.ShapeDtypeStruct((8, 64), jnp.int32)}
+  state = TrainState(params, jax.eval_shape(tx.init, params))
+  cost = step.lower(state, batch, jax.ShapeDtypeStruct((), jnp.int32)).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  assert cost["flops"] == pytest.approx(train_flops_per_step(cfg, 8), rel=0.10)
+
+
+@pytest.mark.slow
+def test_vcycle_trains_and_growth_keeps_the_loss(tmp_path):
+  """The real driver on ``experiments/configs/llama.py:test``: down, train the small model, grow back (width and
+  zero depth growth, no interpolation); the grown model evaluates like the small one."""
+  import math
+
+  from multilevel.cycles.driver import train_and_evaluate
+  from tests.engine_util import read_jsonl, tiny_config
+  c = tiny_config("llama", levels=2, **{"cycle.w_pre": 0.0, "train.steps": 24})
+  s = train_and_evaluate(c, str(tmp_path))
+  assert math.isfinite(s["final_eval_loss"])
+  recs = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  small_end = [r for r in recs if r.get("event") == "end_of_stage" and r["level"] == 1][-1]["eval_loss"]
+  grown = next(r for r in recs if r.get("event") == "after_decoalesce")["eval_loss"]
+  assert grown == pytest.approx(small_end, abs=1e-4)
