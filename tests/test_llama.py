@@ -81,16 +81,15 @@ def test_untied_and_tied_heads():
   assert M.FAMILY["llama"].ties(tied) and not M.FAMILY["llama"].ties(CFG)
 
 
-def test_a_model_run_in_parts_computes_the_whole_model_and_frozen_parts_get_no_gradient():
+def test_a_model_run_in_parts_computes_the_whole_model():
+  """Through ``Family.blocks`` (LLaMA's own blocks with their rotary tables); frozen parts are the generic code,
+  tested on GPT in test_models.py."""
   p = params_of(CFG)
   x = tokens(CFG)
   cut = jax.tree.map(lambda a: (a[:1], a[1:]), p["layers"])
   slices = [jax.tree.map(lambda t: t[i], cut, is_leaf=lambda t: isinstance(t, tuple)) for i in range(2)]
   split = jax.jit(lambda s: parts.apply_in_parts(CFG, parts.outer(p), s, x))(slices)
   np.testing.assert_allclose(split, logits(CFG, p), rtol=0, atol=1e-5)
-  g = jax.jit(jax.grad(lambda s: parts.apply_in_parts(CFG, parts.outer(p), s, x, frozen=1).sum()))(slices)
-  assert all(np.all(leaf == 0) for leaf in jax.tree.leaves(g[0]))
-  assert all(np.any(leaf != 0) for leaf in jax.tree.leaves(g[1]))
 
 
 # Sizes that are all different, so an axis with the wrong role cannot match by accident.
@@ -199,6 +198,25 @@ def test_tied_width_growth_is_exact_up_to_the_epsilon_with_preln_exact():
   assert 1e-4 < err < 5e-2, err
   m, small, big, _ = grown(True, "width")
   assert np.max(np.abs(logits(m.large, big) - logits(m.small, small))) > 0.5
+
+
+def test_split_noise_keeps_the_grown_function():
+  m, small, big, _ = grown(False, "width")
+  noise = functools.partial(O.split_noise, scale=0.2, seed=0, check_finite=False)
+  noisy = jax.jit(noise, static_argnums=1, compiler_options={"xla_backend_optimization_level": 0})(big, m)
+  assert not np.array_equal(noisy["layers"]["attn"]["key"]["kernel"], big["layers"]["attn"]["key"]["kernel"])
+  np.testing.assert_allclose(logits(m.large, noisy), logits(m.small, small), rtol=0, atol=5e-5)
+
+
+def test_fsdp_splits_llama_by_its_roles():
+  from jax.sharding import AbstractMesh, PartitionSpec as P
+
+  from multilevel.train.sharding import param_specs
+  specs = param_specs(M.preset("llama-3.2-1b"), AbstractMesh((2, 4), ("data", "fsdp")))
+  assert specs["embed/embedding"] == P(None, "fsdp")  # The hidden axis, never the vocabulary.
+  assert specs["layers/attn/key/kernel"] == P(None, "fsdp", None, None)
+  assert specs["layers/mlp/down/kernel"] == P(None, None, "fsdp")  # Hidden-like axes first, as in every family.
+  assert all(spec[0] is None for name, spec in specs.items() if name.startswith("layers/"))
 
 
 def test_bad_schemes_are_refused():
