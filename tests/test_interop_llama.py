@@ -140,3 +140,17 @@ def test_tied_checkpoint_with_a_different_head_is_refused():
   sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
   with pytest.raises(I.UnsupportedConfigError, match="lm_head.weight differs"):
     I.load_hf(sd, config=model.config, architecture="LlamaForCausalLM")
+
+
+def test_init_from_a_checkpoint_with_another_rotary_base_is_refused(tmp_path):
+  """Same parameter shapes, another function: ``Runner.initial_params`` refuses it (called on a stand-in with just
+  the fields it reads, so no run is set up)."""
+  from types import SimpleNamespace
+
+  from multilevel.cycles.driver import Runner
+  cfg = M.preset("llama-test")
+  I.save_hf(cfg.replace(rope_base=5e5), M.init_params(cfg, 0), tmp_path / "hf")
+  stand_in = SimpleNamespace(config=SimpleNamespace(init_from=str(tmp_path / "hf")),
+                             plan=SimpleNamespace(levels=[cfg]))
+  with pytest.raises(ValueError, match=r"rope_base=500000.0 in the checkpoint but 10000.0 in the config"):
+    Runner.initial_params(stand_in)
