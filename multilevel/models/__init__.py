@@ -48,7 +48,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 
 def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **kw):
-  """Runs the model: logits for ``inputs`` (tokens for BERT/GPT, images for DeiT)."""
+  """Runs the model: logits for ``inputs`` (tokens for BERT, GPT and LLaMA, images for DeiT)."""
   return build(cfg).apply({"params": params}, *inputs, train=train, rngs=rngs, **kw)
 
 
