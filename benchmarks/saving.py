@@ -68,12 +68,16 @@ MODELS = {
              "data.vocab_size": 1024, "train.batch_size": 32, "train.lr": 2e-3},
     "deit": {"model.num_layers": 4, "model.num_heads": 2, "model.head_dim": 32, "model.patch_size": 4,
              "train.batch_size": 128, "train.lr": 2e-3},
+    # GPT's size with LLaMA's parts: two query heads on one key/value head, SwiGLU about 8/3 d wide.
+    "llama": {"model.num_layers": 4, "model.num_heads": 2, "model.head_dim": 32, "model.num_kv_heads": 1,
+              "model.ffn_size": 172, "model.max_len": 128, "data.vocab_size": 1024, "train.batch_size": 32,
+              "train.lr": 2e-3},
 }
 
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Declares this script's flags on ``fv``."""
-  flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit"], "Model family.", flag_values=fv)
+  flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit", "llama"], "Model family.", flag_values=fv)
   flags.DEFINE_list("budgets", ["160", "320", "640", "1280"], "Scratch step budgets (train.steps).", flag_values=fv)
   flags.DEFINE_list("variants", ["reference", "warmup"], f"V-cycle variants: {sorted(VARIANTS)}.", flag_values=fv)
   flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run (e.g. model.num_layers=8).",
@@ -89,9 +93,9 @@ def define_flags(fv: flags.FlagValues) -> None:
 def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: int):
   """The ``tiny`` config of ``family`` at MODELS' size, then ``extra`` (``--set``), the run's budget with ``evals``
   evaluations, and ``overrides`` (a variant)."""
-  from experiments.configs import bert, deit, gpt
+  from experiments.configs import bert, deit, gpt, llama
   from experiments.configs.common import override
-  c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("tiny")
+  c = {"bert": bert, "gpt": gpt, "deit": deit, "llama": llama}[family].get_config("tiny")
   c.unlock()
   override(c, MODELS[family])
   override(c, extra)

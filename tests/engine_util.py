@@ -13,9 +13,9 @@ CACHE = os.path.join(ROOT, ".cache", "test-data")  # Tokenizers trained once, sh
 
 def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
   """The real ``experiments/configs/<family>.py:test`` config, optionally 4 layers x 4 heads (for 3 levels)."""
-  from experiments.configs import bert, deit, gpt
+  from experiments.configs import bert, deit, gpt, llama
   from experiments.configs.common import override
-  c = {"bert": bert, "gpt": gpt, "deit": deit}[family].get_config("test")
+  c = {"bert": bert, "gpt": gpt, "deit": deit, "llama": llama}[family].get_config("test")
   c.unlock()
   c.cycle.levels = levels
   c.progress = False

@@ -229,12 +229,21 @@ class Runner:
                         f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
                         f"with init_from, or leave init_from empty.")
     from multilevel.interop import load_hf
-    _, params = load_hf(source)
+    imported, params = load_hf(source)
+    target = self.plan.levels[0]
     try:
-      M.check_params(params, self.plan.levels[0], f"the checkpoint {source}")
+      M.check_params(params, target, f"the checkpoint {source}")
     except ValueError as e:
       raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
-                       f"vocab_size, max_len); set --config.model.* and data.tokenizer to the checkpoint's.") from e
+                       f"vocab_size, max_len; for llama also num_kv_heads, ffn_size, tie_embeddings); set "
+                       f"--config.model.* and data.tokenizer to the checkpoint's.") from e
+    # Settings that change the function but no parameter's shape: a mismatch would go unnoticed by the check above.
+    differ = {f: (getattr(imported, f), getattr(target, f)) for f in ("eps", "rope_base")
+              if getattr(imported, f) != getattr(target, f)}
+    if differ:
+      said = ", ".join(f"{f}={a!r} in the checkpoint but {b!r} in the config" for f, (a, b) in differ.items())
+      raise ValueError(f"The checkpoint {source} was trained with other settings than the model config: {said}. "
+                       f"Set --config.model.ln_eps / --config.model.rope_base to the checkpoint's.")
     logging.info("Initialised the target model from %s.", source)
     return jax.device_put(params, self.param_shardings(0))
 

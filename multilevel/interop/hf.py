@@ -1,9 +1,10 @@
-"""Hugging Face interoperability: import and export BERT, GPT-2, ViT and DeiT weights.
+"""Hugging Face interoperability: import and export BERT, GPT-2, Llama, ViT and DeiT weights.
 
 Supported ``transformers`` architectures (``supported_architectures()``), one module each:
 
 - ``bert.py``: ``BertForMaskedLM``, ``BertForPreTraining`` -> ``bert`` (the pooler and NSP head are dropped).
 - ``gpt2.py``: ``GPT2LMHeadModel``, ``GPT2Model`` -> ``gpt`` (the LM head is the tied token embedding).
+- ``llama.py``: ``LlamaForCausalLM`` -> ``llama`` (tied or untied head; rotary scaling variants are refused).
 - ``vit.py``: ``ViTForImageClassification``, ``DeiTForImageClassificationWithTeacher``,
   ``DeiTForImageClassification`` -> ``deit`` (``distill_token`` for DeiT; ``vit.py`` says how each maps).
 
@@ -24,8 +25,8 @@ need only ``numpy`` and ``safetensors``; ``torch`` is needed for ``.bin`` files 
 Parameter trees come back as nested dicts of float32 ``numpy`` arrays (place them on devices as you like).
 
 This module holds the entry points and the file I/O; ``hf_common`` the errors, the ``HFArchitecture`` record and
-the strict checks; ``bert``, ``gpt2`` and ``vit`` one architecture each. A new architecture is a new module with
-its ``ARCHITECTURES`` records, added to ``REGISTRY`` below.
+the strict checks; ``bert``, ``gpt2``, ``llama`` and ``vit`` one architecture each. A new architecture is a new
+module with its ``ARCHITECTURES`` records, added to ``REGISTRY`` below.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multilevel.interop import bert, gpt2, vit
+from multilevel.interop import bert, gpt2, llama, vit
 from multilevel.interop.hf_common import (  # The error classes are part of this module's API.
     CheckpointFileError, HFInteropError, MissingTensorError, Registry, TensorShapeError, UnexpectedTensorError,
     UnsupportedArchitectureError, UnsupportedConfigError, check_tensors, check_tree, config_dict, name_list,
@@ -48,7 +49,7 @@ from multilevel.models.config import ModelConfig
 
 PathLike = str | os.PathLike
 
-REGISTRY = Registry(*bert.ARCHITECTURES, *gpt2.ARCHITECTURES, *vit.ARCHITECTURES)
+REGISTRY = Registry(*bert.ARCHITECTURES, *gpt2.ARCHITECTURES, *llama.ARCHITECTURES, *vit.ARCHITECTURES)
 
 
 # ---------------------------------------------------------------------------------------------------- entry points

@@ -2,8 +2,8 @@
 each module fills in and the ``Registry`` of them, state-dict name normalisation and the strict checks of an import.
 
 Nothing here knows an architecture: embeddings (tied or not), biases, norms and sub-layers are the business of
-the modules (``bert.py``, ``gpt2.py``, ``vit.py``). The expected tensors of an import are what the module's
-``to_hf`` writes for the config, so a new architecture needs no change here.
+the modules (``bert.py``, ``gpt2.py``, ``llama.py``, ``vit.py``). The expected tensors of an import are what the
+module's ``to_hf`` writes for the config, so a new architecture needs no change here.
 """
 
 from __future__ import annotations

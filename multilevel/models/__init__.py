@@ -1,4 +1,5 @@
-"""BERT, GPT and DeiT in Flax Linen on one transformer core, with layers stacked on a leading axis."""
+"""BERT, GPT and DeiT in Flax Linen on one transformer core, and LLaMA-style decoders, with layers stacked on a
+leading axis."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from multilevel.models.config import ModelConfig
-from multilevel.models.families import FAMILY, Bert, Deit, Family, Gpt, family_of
+from multilevel.models.families import FAMILY, Bert, Deit, Family, Gpt, Llama, family_of
 from multilevel.models.presets import PRESETS, preset
 from multilevel.tree import check_same_structure, flatten
 
@@ -23,9 +24,13 @@ def build(cfg: ModelConfig):
 
 
 def dummy_inputs(cfg: ModelConfig, batch: int = 1):
-  """Inputs of the right shape and dtype for ``init`` and shape evaluation."""
+  """Inputs of the right shape and dtype for ``init`` and shape evaluation.
+
+  Text inputs are at most 8 tokens long: no parameter's shape or initial value depends on the length, and ``init``
+  runs the forward pass, whose attention at ``max_len`` (Llama 3.2's 131072) would not fit in memory.
+  """
   if family_of(cfg).is_text:
-    return (jnp.zeros((batch, cfg.max_len), jnp.int32),)
+    return (jnp.zeros((batch, min(cfg.max_len, 8)), jnp.int32),)
   return (jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),)
 
 
@@ -43,7 +48,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 
 def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **kw):
-  """Runs the model: logits for ``inputs`` (tokens for BERT/GPT, images for DeiT)."""
+  """Runs the model: logits for ``inputs`` (tokens for BERT, GPT and LLaMA, images for DeiT)."""
   return build(cfg).apply({"params": params}, *inputs, train=train, rngs=rngs, **kw)
 
 
@@ -65,4 +70,4 @@ def check_params(params, cfg: ModelConfig, what: str = "params") -> None:
 
 
 __all__ = ["FAMILIES", "FAMILY", "Family", "family_of", "PRESETS", "ModelConfig", "preset", "build", "init_params", "abstract_params",
-           "apply", "dummy_inputs", "num_params", "check_params", "Bert", "Gpt", "Deit"]
+           "apply", "dummy_inputs", "num_params", "check_params", "Bert", "Gpt", "Deit", "Llama"]

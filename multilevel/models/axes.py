@@ -7,8 +7,12 @@ Roles and what coalescing does along them (de-coalescing is the normalized trans
 - ``LAYERS``: the leading axis of the stacked blocks; merged layers are averaged.
 - ``HIDDEN_OUT`` / ``HEADS_OUT`` / ``FFN_OUT``: an output side; merged units are averaged (copied back on growth).
 - ``HIDDEN_IN`` / ``HEADS_IN`` / ``FFN_IN``: an input side; merged units are summed (divided on growth).
-- ``EMBED``: the hidden axis of an embedding table that writes the residual stream. Tied to an LM head (BERT, GPT)
-  it is summed like an input side (the paper's factor 2 for pairs); otherwise (DeiT) averaged like an output.
+- ``KV_HEADS_OUT``: the key/value heads of grouped-query attention (LLaMA), an output side. Their map follows the
+  query heads' (``LevelMap.kv_map``, ``operators.mapping.kv_groups``): merged query heads keep their key/value
+  heads, which merge together.
+- ``EMBED``: the hidden axis of an embedding table that writes the residual stream. Tied to an LM head (BERT, GPT,
+  LLaMA with ``tie_embeddings``) it is summed like an input side (the paper's factor 2 for pairs); otherwise (DeiT,
+  untied LLaMA) averaged like an output.
 - ``RESIDUAL``: the hidden output of a residual branch (attention output, FFN output). Averaged by default; with
   ``preln_exact`` it follows the ``EMBED`` rule, which makes width growth function-preserving for pre-LN GPT.
 """
@@ -20,10 +24,11 @@ HEADS_IN = "heads:in"
 HEADS_OUT = "heads:out"
 FFN_IN = "ffn:in"
 FFN_OUT = "ffn:out"
+KV_HEADS_OUT = "kv:out"
 EMBED = "hidden:embed"
 RESIDUAL = "hidden:residual"
 
-ROLES = (LAYERS, HIDDEN_IN, HIDDEN_OUT, HEADS_IN, HEADS_OUT, FFN_IN, FFN_OUT, EMBED, RESIDUAL)
+ROLES = (LAYERS, HIDDEN_IN, HIDDEN_OUT, HEADS_IN, HEADS_OUT, FFN_IN, FFN_OUT, KV_HEADS_OUT, EMBED, RESIDUAL)
 
 # One transformer block; every path sits under "layers/" with the stacked-layer axis first.
 BLOCK_AXES = {

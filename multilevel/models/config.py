@@ -1,8 +1,9 @@
-"""Model configuration: one frozen dataclass for all three families, plus presets.
+"""Model configuration: one frozen dataclass for all the families, plus presets.
 
 The multi-level method keeps the head size fixed and changes the number of heads, so the width of a model is
-``num_heads * head_dim`` and the FFN width is ``ffn_ratio * width``. A config is hashable, so it can be a static
-argument of a jitted function and a cache key.
+``num_heads * head_dim`` and the FFN width is ``ffn_ratio * width`` (or ``ffn_size`` where it is given: LLaMA's FFN
+widths are not multiples of the width). A config is hashable, so it can be a static argument of a jitted function and
+a cache key.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ def _family(name: str):
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Size and architecture of one model. ``family`` selects a registered family (``multilevel.models.FAMILY``):
-  BERT (masked LM), GPT (causal LM), DeiT (images)."""
+  BERT (masked LM), GPT and LLaMA (causal LM), DeiT (images). The fields a family declares as its own
+  (``Family.own_fields``, e.g. LLaMA's ``num_kv_heads``) must keep their defaults in the other families."""
 
   family: str = "gpt"
   num_layers: int = 2
   num_heads: int = 2
   head_dim: int = 32
   ffn_ratio: int = 4
+  ffn_size: int = 0  # FFN width; 0 means ffn_ratio * width.
   # Text models.
   vocab_size: int = 512
   max_len: int = 128
@@ -37,9 +40,13 @@ class ModelConfig:
   num_channels: int = 3
   num_classes: int = 10
   distill_token: bool = False
+  # LLaMA-style decoders.
+  num_kv_heads: int = 0  # Key/value heads of grouped-query attention; 0 means num_heads (multi-head attention).
+  rope_base: float = 10000.0  # Base of the rotary position embedding's frequencies.
+  tie_embeddings: bool = False  # The LM head is the transposed token embedding.
   # Shared.
   dropout: float = 0.0
-  ln_eps: float = -1.0  # -1 means the family's default (BERT 1e-12, GPT 1e-5, DeiT 1e-6).
+  ln_eps: float = -1.0  # -1 means the family's default (BERT 1e-12, GPT and LLaMA 1e-5, DeiT 1e-6).
   dtype: str = "float32"  # Compute dtype; parameters are always float32.
   remat: bool = False  # Rematerialise each block in the backward pass (saves memory on big models).
 
@@ -50,9 +57,20 @@ class ModelConfig:
     for name in ("num_layers", "num_heads", "head_dim", "ffn_ratio"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}.")
+    if self.ffn_size < 0:
+      raise ValueError(f"ModelConfig.ffn_size must be >= 0 (0 = ffn_ratio * width), got {self.ffn_size}.")
+    family = _family(self.family)
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
+    for other in REGISTRY.values():
+      for name in set(other.own_fields) - set(family.own_fields):
+        if getattr(self, name) != defaults[name]:
+          raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is a {other.name} setting; a {self.family} "
+                           f"model does not read it. Leave it at {defaults[name]!r}, or use family={other.name!r}.")
+    if family.validate is not None:
+      family.validate(self)
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"ModelConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}.")
-    if not _family(self.family).is_text:
+    if not family.is_text:
       if self.image_size % self.patch_size:
         raise ValueError(
             f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}; pick sizes that divide.")
@@ -67,7 +85,12 @@ class ModelConfig:
 
   @property
   def ffn_dim(self) -> int:
-    return self.ffn_ratio * self.width
+    return self.ffn_size or self.ffn_ratio * self.width
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (``num_kv_heads``, or ``num_heads`` when it is 0)."""
+    return self.num_kv_heads or self.num_heads
 
   @property
   def eps(self) -> float:

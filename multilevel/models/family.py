@@ -2,7 +2,7 @@
 
 A family is a Flax module plus this record: the axis-role table the operators read, and the facts that would
 otherwise be string tests on ``cfg.family`` spread over the package (text or images, which objective, GELU form,
-init scale, positions per example, FLOPs outside the blocks). A new family is a new module file that calls
+init scale, positions per example, FLOPs, the config fields only it reads). A new family is a new module file that calls
 ``register(Family(...))``, plus one import line in ``families.py``.
 """
 
@@ -28,7 +28,8 @@ class Family:
       ``num_channels``, ``num_classes``).
     objective: the key of ``multilevel.train.objectives.OBJECTIVES`` this family trains with.
     pre_ln: LayerNorm before each residual branch (GPT, DeiT) or after the residual sum (BERT).
-    tied_embedding: the output head is the transposed token embedding (BERT, GPT).
+    tied_embedding: the output head is the transposed token embedding (BERT, GPT); a ``ModelConfig -> bool`` where
+      the config decides (LLaMA's ``tie_embeddings``). Read it through ``ties(cfg)``.
     ln_eps: the family's default normalisation epsilon (``ModelConfig.ln_eps = -1`` selects it).
     gelu_tanh: the tanh approximation of GELU (GPT-2's "gelu_new"); otherwise the exact erf form.
     scaled_residual_init: residual-branch output projections start at std 0.02 / sqrt(2 L) (GPT-2).
@@ -38,6 +39,13 @@ class Family:
     head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
     embed_flops: ``ModelConfig -> float``, the share of ``head_flops`` below the blocks (DeiT's patch projection);
       the rest is the output head, above them.
+    block_flops: ``ModelConfig -> float``, forward matmul FLOPs per example of one block; None: the shared core's
+      (``multilevel.train.flops``).
+    own_fields: ``ModelConfig`` fields only this family reads; the other families refuse values other than the
+      defaults, so a setting is never silently ignored.
+    validate: ``ModelConfig -> None``, raises ValueError on a config the family cannot build (checked on creation).
+    blocks: ``(ModelConfig, deterministic) -> nn.Module`` whose parameters are ``{"layers": ...}``, called as
+      ``(x_BxTxD, mask_BxT=None)``: the stacked blocks alone (``models.parts``); None: the shared core's ``Blocks``.
   """
 
   name: str
@@ -46,7 +54,7 @@ class Family:
   modality: str
   objective: str
   pre_ln: bool
-  tied_embedding: bool
+  tied_embedding: bool | Callable[[Any], bool]
   ln_eps: float
   positions: Callable[[Any], int]
   head_flops: Callable[[Any], float]
@@ -55,10 +63,18 @@ class Family:
   causal: bool = False
   embedding_params: tuple[str, ...] = ()
   embed_flops: Callable[[Any], float] = lambda cfg: 0.0
+  block_flops: Callable[[Any], float] | None = None
+  own_fields: tuple[str, ...] = ()
+  validate: Callable[[Any], None] | None = None
+  blocks: Callable[[Any, bool], Any] | None = None
 
   def __post_init__(self):
     if self.modality not in MODALITIES:
       raise ValueError(f"Family {self.name!r}: modality must be one of {MODALITIES}, got {self.modality!r}.")
+
+  def ties(self, cfg) -> bool:
+    """Whether ``cfg``'s output head is the transposed token embedding."""
+    return bool(self.tied_embedding(cfg) if callable(self.tied_embedding) else self.tied_embedding)
 
   @property
   def is_text(self) -> bool:

@@ -50,7 +50,12 @@ def positions(cfg: ModelConfig) -> int:
   return cfg.max_len - 1 if cfg.max_len > 1 else 1
 
 
+def lm_head_flops(cfg: ModelConfig) -> float:
+  """The LM head of a causal decoder at every trained position."""
+  return 2 * positions(cfg) * cfg.width * cfg.vocab_size
+
+
 GPT = register(Family(
     "gpt", Gpt, GPT_AXES, modality="text", objective="clm", pre_ln=True, tied_embedding=True, ln_eps=1e-5,
-    positions=positions, head_flops=lambda cfg: 2 * positions(cfg) * cfg.width * cfg.vocab_size,
+    positions=positions, head_flops=lm_head_flops,
     gelu_tanh=True, scaled_residual_init=True, causal=True, embedding_params=("word", "position")))

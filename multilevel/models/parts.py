@@ -30,7 +30,8 @@ def blocks(cfg: ModelConfig, layers, x_BxTxD, mask_BxT=None, *, train: bool = Fa
   """The blocks whose stacked parameters are ``layers`` (any number of them, leading axis first)."""
   n = jax.tree.leaves(layers)[0].shape[0]
   fam = family_of(cfg)
-  module = Blocks(cfg.replace(num_layers=n), fam.pre_ln, fam.causal, not train)
+  sliced = cfg.replace(num_layers=n)
+  module = fam.blocks(sliced, not train) if fam.blocks else Blocks(sliced, fam.pre_ln, fam.causal, not train)
   return module.apply({"params": {"layers": layers}}, x_BxTxD, mask_BxT, rngs=rngs)
 
 

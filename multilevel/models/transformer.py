@@ -1,4 +1,5 @@
-"""The transformer core shared by BERT, GPT and DeiT: attention, MLP, and a stack of blocks scanned over layers.
+"""The transformer core shared by BERT, GPT and DeiT: attention, MLP, and a stack of blocks scanned over layers
+(``scan_blocks``, which LLaMA's blocks use too).
 
 Layers are stacked on a leading axis with ``nn.scan``, so every block parameter has shape ``(num_layers, ...)`` and
 depth coalescing is one operation on that axis. Attention projections keep heads as an explicit axis
@@ -36,7 +37,8 @@ def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
                      f"{tuple(tokens_BxT.shape)}.")
   if tokens_BxT.shape[1] > cfg.max_len:
     raise ValueError(f"A sequence of {tokens_BxT.shape[1]} tokens is longer than the model's max_len={cfg.max_len} "
-                     f"(its position table); cut the sequences or build the model with a larger max_len.")
+                     f"(the longest sequence it is built for); cut the sequences or build the model with a larger "
+                     f"max_len.")
   if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
     ids = np.asarray(tokens_BxT)  # On the host: a concrete array closed over by a traced function stays concrete.
     lo, hi = int(ids.min()), int(ids.max())
@@ -133,21 +135,32 @@ class Block(nn.Module):
     return x_BxTxD.astype(jnp.float32), None
 
 
-def stack(cfg: ModelConfig, *, pre_ln: bool, causal: bool, deterministic: bool) -> nn.Module:
-  """``num_layers`` blocks scanned over a leading parameter axis, named ``layers`` in the parent's tree.
+def scan_blocks(block: type[nn.Module], cfg: ModelConfig, *args, name: str = "layers"):
+  """``cfg.num_layers`` copies of ``block(cfg, *args)`` scanned over a leading parameter axis named ``name``
+  (rematerialised with ``cfg.remat``). The block is called as ``block(x, *broadcast) -> (x, None)``; every call
+  argument after ``x`` is the same for all layers.
 
-  Call it inside a parent's ``@nn.compact`` method: ``x = stack(cfg, ...)(x, mask)``.
+  Call it inside a parent's ``@nn.compact`` method: ``x = scan_blocks(MyBlock, cfg, ...)(x, *broadcast)``.
   """
-  block = nn.remat(Block) if cfg.remat else Block
+  body = nn.remat(block) if cfg.remat else block
   scanned = nn.scan(
-      block,
+      body,
       variable_axes={"params": 0},
       split_rngs={"params": True, "dropout": True},
       in_axes=nn.broadcast,
       length=cfg.num_layers,
   )
-  module = scanned(cfg, pre_ln, causal, deterministic, name="layers")
-  return lambda x_BxTxD, mask_BxT=None: module(x_BxTxD, mask_BxT)[0]
+  module = scanned(cfg, *args, name=name)
+  return lambda x, *broadcast: module(x, *broadcast)[0]
+
+
+def stack(cfg: ModelConfig, *, pre_ln: bool, causal: bool, deterministic: bool) -> nn.Module:
+  """``num_layers`` shared-core blocks scanned over a leading parameter axis, named ``layers`` in the parent's tree.
+
+  Call it inside a parent's ``@nn.compact`` method: ``x = stack(cfg, ...)(x, mask)``.
+  """
+  blocks = scan_blocks(Block, cfg, pre_ln, causal, deterministic)
+  return lambda x_BxTxD, mask_BxT=None: blocks(x_BxTxD, mask_BxT)
 
 
 class Blocks(nn.Module):

@@ -11,6 +11,12 @@ Width scheme (the reference format): one entry per small-model head, listing the
 e.g. ``[[0, 6], [1, 7], ..., [5, 11]]``. The same grouping is applied, chunk by chunk, to the hidden channels (chunks
 of ``head_dim``) and to the FFN units (chunks of ``ffn_dim / num_heads``), exactly as the reference code does.
 
+Grouped-query attention (LLaMA's ``num_kv_heads``): the key/value heads follow the query heads. Large key/value
+head j serves query heads ``j r .. j r + r - 1`` (r = num_heads / num_kv_heads); the small heads those query heads
+merge into must share one small key/value head, into which j merges (``kv_groups``). The small model's key/value
+heads are the finest grouping that allows this, and they must serve equal runs of consecutive small heads, as GQA
+requires; a scheme that would need anything else is refused.
+
 Depth scheme: one entry per small layer listing the large layers merged into it. ``depth_mode='adjacent'`` (the
 paper: layers 2i and 2i+1) or ``'stride'`` (the reference ``L6-H6.json``: layers i and i + L/2).
 """
@@ -165,6 +171,52 @@ def default_width_groups(num_heads: int, factor: int) -> Groups:
   return tuple(tuple(i + k * n_s for k in range(factor)) for i in range(n_s))
 
 
+def kv_groups(large: ModelConfig, heads: Groups) -> Groups:
+  """The key/value-head scheme that goes with the query-head scheme ``heads`` under grouped-query attention: one
+  entry per small key/value head listing the large key/value heads merged into it.
+
+  Raises ValueError when no small GQA model fits: the small heads tied together by shared key/value heads must form
+  equal runs of consecutive heads (small query head i reads key/value head i // (heads per key/value head)).
+  """
+  n_large, n_kv = large.num_heads, large.kv_heads
+  per_kv = n_large // n_kv
+  g = GroupMap.from_groups(heads, n_large).g
+  parent = list(range(len(heads)))  # Union-find over small heads: those that must share a key/value head.
+
+  def root(i):
+    while parent[i] != i:
+      parent[i] = parent[parent[i]]
+      i = parent[i]
+    return i
+
+  for j in range(n_kv):
+    served = sorted({int(g[p]) for p in range(j * per_kv, (j + 1) * per_kv)})
+    for i in served[1:]:
+      parent[root(i)] = root(served[0])
+  components: dict[int, list[int]] = {}
+  for i in range(len(heads)):
+    components.setdefault(root(i), []).append(i)
+  runs = sorted(components.values())
+  sizes = sorted({len(c) for c in runs})
+  shown = [list(h) for h in heads]
+  if len(sizes) > 1:
+    raise ValueError(f"The width scheme {shown} leaves no grouped-query layout for the small model: with "
+                     f"{per_kv} query heads per key/value head in the large model, the small heads that must share a "
+                     f"key/value head are {runs}, groups of sizes {sizes}, so num_kv_heads would not divide "
+                     f"num_heads={len(heads)}. Merge query heads in matching places of the key/value groups that merge "
+                     f"(head j*{per_kv}+t with head j'*{per_kv}+t), as the default halving does when its factor "
+                     f"divides num_kv_heads.")
+  size = sizes[0]
+  for k, c in enumerate(runs):
+    if c != list(range(k * size, (k + 1) * size)):
+      raise ValueError(f"The width scheme {shown} splits a grouped-query-attention group: the small heads {runs} "
+                       f"must each share one key/value head (their large query heads read the same key/value heads), "
+                       f"but small query head i reads key/value head i // {size}, so each such set must be a run of "
+                       f"{size} consecutive small heads. Reorder the scheme's entries so that they are.")
+  kv_of = lambda i: sorted({p // per_kv for p in heads[i]})
+  return tuple(tuple(sorted({j for i in c for j in kv_of(i)})) for c in runs)
+
+
 def default_depth_groups(num_layers: int, factor: int, mode: str) -> Groups:
   """Adjacent: small layer i merges large layers (r i .. r i + r - 1). Stride: i, i + L_S, i + 2 L_S, ..."""
   if mode not in DEPTH_MODES:
@@ -186,13 +238,15 @@ class LevelMap:
     heads: width scheme, one entry per small head listing the large heads merged into it (groups of one size, unless
       ``make_mapping`` was given ``allow_unequal_width_groups``).
     layers: depth scheme, one entry per small layer listing the large layers merged into it.
-    embed_factor: for models whose embedding is tied to the LM head (BERT, GPT), coalescing multiplies the averaged
-      embedding columns by this factor and growth divides by it. ``None`` (default) uses each group's size, which
-      is the reference code's factor 2 for pairs and keeps BERT's logits exactly on growth for equal groups of any size.
-      Ignored for DeiT, whose embeddings are averaged like any output.
+    embed_factor: for models whose embedding is tied to the LM head (BERT, GPT, LLaMA with ``tie_embeddings``),
+      coalescing multiplies the averaged embedding columns by this factor and growth divides by it. ``None``
+      (default) uses each group's size, which is the reference code's factor 2 for pairs and keeps BERT's logits
+      exactly on growth for equal groups of any size.
+      Ignored for DeiT and untied LLaMA, whose embeddings are averaged like any output.
     preln_exact: also scale residual-branch outputs (attention and FFN output projections) by the embedding rule,
-      which makes width growth function-preserving for pre-LN GPT (exact up to LayerNorm's epsilon; method.md 5.2).
-      Default False = the reference behaviour. Not meaningful for post-LN BERT (raises); a no-op for DeiT.
+      which makes width growth function-preserving for pre-LN GPT and tied LLaMA (exact up to the norm's epsilon;
+      method.md 5.2). Default False = the reference behaviour. Not meaningful for post-LN BERT (raises); a no-op for
+      DeiT and untied LLaMA, whose width growth keeps the function without it.
     depth_growth: how merged layers come back on growth. 'copy' (the reference): every copy is the small layer,
       which does not keep the function. For the residual-branch outputs (attention and FFN output projections)
       only: 'scaled' divides each copy's output by the group size (coalescing multiplies the average back), so a
@@ -200,6 +254,8 @@ class LevelMap:
       outputs (coalescing sums), so for pre-LN models (GPT, DeiT) the new layers start as identities and depth
       growth keeps the function exactly. Both keep ``coalesce(decoalesce(p)) == p`` (bit for bit for
       'zero'; for 'scaled' when the layer groups have power-of-two sizes, within a rounding otherwise).
+    kv_heads: key/value-head scheme under grouped-query attention (``kv_groups``), one entry per small key/value
+      head; () when the model has no GQA (its key/value heads are its query heads).
   """
 
   large: ModelConfig
@@ -209,10 +265,18 @@ class LevelMap:
   embed_factor: Optional[float] = None
   preln_exact: bool = False
   depth_growth: str = "copy"
+  kv_heads: Groups = ()
 
   @functools.cached_property
   def head_map(self) -> GroupMap:
     return GroupMap.from_groups(self.heads, self.large.num_heads)
+
+  @functools.cached_property
+  def kv_map(self) -> GroupMap:
+    """The map of the key/value heads (grouped-query attention); the head map when there is no GQA scheme."""
+    if not self.kv_heads:
+      return self.head_map
+    return GroupMap.from_groups(self.kv_heads, self.large.kv_heads)
 
   @functools.cached_property
   def hidden_map(self) -> GroupMap:
@@ -257,13 +321,13 @@ class LevelMap:
     if role == A.LAYERS:
       return self.layer_map, None
     space, side = role.split(":")
-    gm = {"hidden": self.hidden_map, "heads": self.head_map, "ffn": self.ffn_map}[space]
+    gm = {"hidden": self.hidden_map, "heads": self.head_map, "kv": self.kv_map, "ffn": self.ffn_map}[space]
     if side == "out":
       return gm, None
     if side == "in":
       return gm, gm.counts
     embed_scale = None
-    if FAMILY[self.large.family].tied_embedding:
+    if FAMILY[self.large.family].ties(self.large):
       embed_scale = gm.counts if self.embed_factor is None else np.full(gm.n_small, self.embed_factor)
     if side == "embed":
       return gm, embed_scale
@@ -272,7 +336,8 @@ class LevelMap:
   def describe(self) -> str:
     L, S = self.large, self.small
     return (f"{L.family} L{L.num_layers}/d{L.width}/h{L.num_heads} -> L{S.num_layers}/d{S.width}/h{S.num_heads} "
-            f"(heads {[list(g) for g in self.heads]}, layers {[list(g) for g in self.layers]})")
+            f"(heads {[list(g) for g in self.heads]}, layers {[list(g) for g in self.layers]}"
+            + (f", key/value heads {[list(g) for g in self.kv_heads]})" if self.kv_heads else ")"))
 
 
 def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: int = 2, depth_factor: int = 2,
@@ -311,9 +376,18 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
     raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
   if depth_growth not in DEPTH_GROWTH:
     raise ValueError(f"depth_growth must be one of {DEPTH_GROWTH}, got {depth_growth!r}.")
-  small = large.replace(num_heads=len(heads), num_layers=len(layers))
+  if large.ffn_dim % large.num_heads:
+    raise ValueError(f"The FFN width {large.ffn_dim} is not a multiple of num_heads={large.num_heads}: width "
+                     f"coalescing merges the FFN units in num_heads chunks alongside the heads. Pick an FFN width "
+                     f"(ffn_size) divisible by the number of heads.")
+  kv, small_kv = (), large.num_kv_heads and len(heads)  # Without GQA, key/value heads are the query heads.
+  if large.kv_heads != large.num_heads:
+    kv = kv_groups(large, heads)
+    small_kv = len(kv)
+  small_ffn = large.ffn_size // large.num_heads * len(heads) if large.ffn_size else 0
+  small = large.replace(num_heads=len(heads), num_layers=len(layers), num_kv_heads=small_kv, ffn_size=small_ffn)
   return LevelMap(large, small, heads, layers, None if embed_factor is None else float(embed_factor),
-                  bool(preln_exact), depth_growth)
+                  bool(preln_exact), depth_growth, kv)
 
 
 def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **kw) -> list[LevelMap]:

@@ -2,6 +2,7 @@
 
 Per example, with T positions, width d, FFN width F, L layers:
 - per layer: q/k/v/out projections 8 T d^2, attention scores and mixing 4 T^2 d, FFN 4 T d F;
+- a family with its own block (LLaMA: grouped-query attention, SwiGLU) gives its ``block_flops`` instead;
 - outside the blocks, the family's ``head_flops`` (BERT: 2 T d^2 + 2 T d V; GPT: 2 T d V; DeiT: the patch embedding
   2 N p^2 C d and the classifier).
 Attention is counted over the full T x T (the causal mask is applied, not skipped, as the step computes it).
@@ -14,9 +15,10 @@ from multilevel.train.objectives import tokens_per_example
 
 
 def forward_flops_per_example(cfg: ModelConfig) -> float:
+  family = family_of(cfg)
   t, d, f = tokens_per_example(cfg), cfg.width, cfg.ffn_dim
-  per_layer = 8 * t * d * d + 4 * t * t * d + 4 * t * d * f
-  return float(cfg.num_layers * per_layer + family_of(cfg).head_flops(cfg))
+  per_layer = family.block_flops(cfg) if family.block_flops else 8 * t * d * d + 4 * t * t * d + 4 * t * d * f
+  return float(cfg.num_layers * per_layer + family.head_flops(cfg))
 
 
 def train_flops_per_step(cfg: ModelConfig, global_batch: int) -> float:

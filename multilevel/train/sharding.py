@@ -32,7 +32,7 @@ MESH_AXES = ("data", "fsdp")  # The batch is split over all of them; parameters 
 LOGICAL = {
     A.LAYERS: "layers",
     A.HIDDEN_IN: "embed", A.HIDDEN_OUT: "embed", A.EMBED: "embed", A.RESIDUAL: "embed",
-    A.HEADS_IN: "heads", A.HEADS_OUT: "heads",
+    A.HEADS_IN: "heads", A.HEADS_OUT: "heads", A.KV_HEADS_OUT: "heads",
     A.FFN_IN: "mlp", A.FFN_OUT: "mlp",
 }
 FSDP_RULES = (("embed", "fsdp"), ("mlp", "fsdp"), ("heads", "fsdp"))
