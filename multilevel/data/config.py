@@ -24,7 +24,9 @@ class DataConfig:
   """What ``make_data`` loads and how; see the package docstring for the sources."""
 
   # What to load.
-  name: str = ""  # '' or 'default': the bundled corpus; text: an HF hub name ('wikitext'); images: 'tfds:<name>'.
+  # '' or 'default': the bundled corpus; text: an offline corpus ('shakespeare', 'docs', 'kernel-docs',
+  # 'python-docs', see data/corpora.py) or an HF hub name ('wikitext'); images: 'tfds:<name>'.
+  name: str = ""
   config_name: str = ""  # HF config, e.g. 'wikitext-103-raw-v1'.
   split: str = "train"  # HF / TFDS split used for training.
   eval_split: str = ""  # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
@@ -35,6 +37,7 @@ class DataConfig:
   sample_by: str = "document"  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
   folder: str = ""  # Images: a folder with one sub-folder per class (or train/ and val/ inside).
   data_dir: str = ""  # TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets).
+  token_file: str = ""  # Text: the folder of a token file built before (it holds its tokenizer); skips the corpus.
   # Tokenizer.
   tokenizer: str = ""  # '' = train one and cache it; else a tokenizer.json path (or a hub name).
   tokenizer_type: str = "auto"  # 'bpe' | 'wordpiece' | 'auto' (wordpiece for BERT, bpe otherwise).
