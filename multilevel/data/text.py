@@ -210,6 +210,6 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
   logging.info("Text data: %s (token file %s)", description, tf.path)
   info = common.DataInfo(vocab_size=tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,
                          mask_id=tok.mask_id, num_train_examples=len(train_idx),
-                         num_eval_examples=len(val_idx), description=description,
+                         num_eval_examples=len(val_idx), description=description, token_file=tf.path,
                          tokenizer_path=os.path.abspath(tok.path) if os.path.exists(tok.path) else tok.path)
   return train, evaluation, info
