@@ -310,3 +310,20 @@ def test_gcide_corpus_and_joined_names(tmp_path, monkeypatch):
   joined = corpora.named("gcide+shakespeare")
   assert joined.key[0] == "gcide+shakespeare" and joined.description.startswith("gcide+shakespeare: the Collab")
   assert corpora.named("gcide+nonsense") is None
+
+
+@pytest.mark.slow
+def test_build_tokens_command_states_the_epoch_and_copies_the_file(corpus, tmp_path):
+  cfg, folder = corpus
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "carried"
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.build_tokens", "--config=experiments/configs/gpt.py:test",
+       f"--config.data.files={cfg.files}", f"--config.data.cache_dir={cfg.cache_dir}", "--config.data.vocab_size=300",
+       "--steps=10", f"--out={out}"],
+      cwd=root, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
+  assert result.returncode == 0, result.stderr[-2000:]
+  tf = tokenfile.open_token_file(str(out))
+  assert f"token file {folder}: {tf.num_tokens:,} tokens (uint16)" in result.stdout  # the cached file, not a rebuild
+  assert "10 steps of 8x32: 2,560 tokens = " in result.stdout and "held out" in result.stdout
+  assert f"--config.data.token_file={out}" in result.stdout

@@ -24,8 +24,8 @@ class DataConfig:
   """What ``make_data`` loads and how; see the package docstring for the sources."""
 
   # What to load.
-  # '' or 'default': the bundled corpus; text: an offline corpus ('shakespeare', 'docs', 'kernel-docs',
-  # 'python-docs', see data/corpora.py) or an HF hub name ('wikitext'); images: 'tfds:<name>'.
+  # '' or 'default': the bundled corpus; text: an offline corpus ('shakespeare', 'docs', 'gcide', 'docs+gcide',
+  # ..., see data/corpora.py) or an HF hub name ('wikitext'); images: 'tfds:<name>'.
   name: str = ""
   config_name: str = ""  # HF config, e.g. 'wikitext-103-raw-v1'.
   split: str = "train"  # HF / TFDS split used for training.

