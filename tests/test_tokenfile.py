@@ -327,3 +327,29 @@ def test_build_tokens_command_states_the_epoch_and_copies_the_file(corpus, tmp_p
   assert f"token file {folder}: {tf.num_tokens:,} tokens (uint16)" in result.stdout  # the cached file, not a rebuild
   assert "10 steps of 8x32: 2,560 tokens = " in result.stdout and "held out" in result.stdout
   assert f"--config.data.token_file={out}" in result.stdout
+
+
+def test_held_out_documents_are_never_trained_on(corpus, tmp_path):
+  cfg, folder = corpus
+  tf = tokenfile.open_token_file(folder)
+  train_idx, val_idx = tf.split_documents(16, 0.2, seed=0)
+  doc_of = np.searchsorted(np.asarray(tf.ends, np.int64), np.arange(tf.num_tokens), side="right")
+  val_docs = {int(d) for i in val_idx for d in doc_of[i * 16:(i + 1) * 16]}
+  train_docs = {int(d) for i in train_idx for d in doc_of[i * 16:(i + 1) * 16]}
+  assert val_docs and not val_docs & train_docs  # whole documents, on one side only
+  held_tokens = sum(tf.document(d).size for d in val_docs)
+  assert 0.1 * tf.num_tokens < held_tokens <= 0.2 * tf.num_tokens
+  dropped = tf.num_tokens // 16 - len(train_idx) - len(val_idx)
+  assert 0 < dropped <= 2 * len(val_docs)  # only the windows across a held-out document's edge
+  np.testing.assert_array_equal(tf.split_documents(16, 0.2, seed=0)[1], val_idx)
+  assert not np.array_equal(tf.split_documents(16, 0.2, seed=1)[1], val_idx)
+  documents = cfg.copy_and_resolve_references()
+  documents.val_split, documents.val_fraction = "documents", 0.2
+  train, evaluation, info = _make(documents)
+  assert info.num_train_examples == len(train_idx) and "(held-out documents)" in info.description
+  seqs = tf.sequences(16)
+  held = {seqs[i].tobytes() for i in val_idx}
+  assert all(r.astype(np.uint16).tobytes() in held for b in evaluation() for r in b["tokens"])
+  assert not any(r.astype(np.uint16).tobytes() in held for b in take(train, 10) for r in b["tokens"])
+  with pytest.raises(ValueError, match="val_split must be one of sequences, documents"):
+    _make(dict(documents.to_dict(), val_split="windows"))

@@ -15,8 +15,9 @@ import ml_collections
 from multilevel.typed_config import check_fields, section_from
 
 # Fields where an empty string has no meaning (each has a non-empty default).
-_NOT_EMPTY = ("split", "text_field", "sample_by", "cache_dir")
+_NOT_EMPTY = ("split", "text_field", "sample_by", "cache_dir", "val_split")
 SAMPLE_BY = ("document", "paragraph", "line")
+VAL_SPLITS = ("sequences", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,9 @@ class DataConfig:
   # Pipeline.
   val_fraction: float = 0.05  # Share held out for validation (text; images whose source has no eval split).
   split_seed: int = 0  # Seed of the train/validation split (kept apart from the shuffle seed).
+  # Text: hold out 'sequences' (a seeded share of the seq_len windows) or whole 'documents' (never trained on; the
+  # windows across a held-out document's edge are dropped).
+  val_split: str = "sequences"
   cache_dir: str = "~/.cache/multilevel"  # Trained tokenizers and token streams.
   augment: bool | str = True  # Images, train only: random crop with padding + horizontal flip ('strong': + erasing).
   strong_augment: bool = False  # Images: add random erasing on top of augment.
@@ -64,6 +68,8 @@ class DataConfig:
       raise ValueError(f"cfg.sample_by must be one of {', '.join(SAMPLE_BY)}, got {self.sample_by!r}.")
     if not 0 <= self.val_fraction < 1:
       raise ValueError(f"cfg.val_fraction must be in [0, 1), got {self.val_fraction}.")
+    if self.val_split not in VAL_SPLITS:
+      raise ValueError(f"cfg.val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}.")
 
   @classmethod
   def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any], section: str = "cfg"

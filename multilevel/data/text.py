@@ -188,7 +188,10 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
   if num_seqs < 2:
     raise ValueError(f"{what} has {tf.num_tokens} tokens, fewer than two sequences of seq_len={seq_len}: use more "
                      "text or a shorter seq_len.")
-  train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
+  if cfg.val_split == "documents":
+    train_idx, val_idx = tf.split_documents(seq_len, cfg.val_fraction, cfg.split_seed)
+  else:
+    train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
 
   def batch_fn(index):
     def make_batch(positions, key, rows):
@@ -196,17 +199,18 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
       return {"tokens": np.asarray(seqs[index[positions]], dtype=np.int32)}
     return make_batch
 
-  identity = common.fingerprint([tf.meta["tokens_crc32"], tf.num_tokens, seq_len,
-                                 cfg.val_fraction, cfg.split_seed])
+  identity = common.fingerprint([tf.meta["tokens_crc32"], tf.num_tokens, seq_len, cfg.val_fraction, cfg.split_seed]
+                                + ([cfg.val_split] if cfg.val_split != "sequences" else []))
   train = pipeline.BatchIterator(
       len(train_idx), batch_size, batch_fn(train_idx), seed=seed, process_index=process_index,
       process_count=process_count, prefetch=cfg.prefetch, name="text", identity=identity)
   evaluation = pipeline.EvalBatches(
       len(val_idx), batch_size, batch_fn(val_idx), process_index=process_index,
       process_count=process_count, max_batches=cfg.max_eval_batches, name="text")
+  held_out = " (held-out documents)" if cfg.val_split == "documents" else ""
   description = (f"{what}: {tf.num_tokens:,} tokens in {tf.num_documents:,} documents, "
                  f"{tok.kind} tokenizer (vocab {tok.vocab_size}), {len(train_idx):,} train / {len(val_idx):,} "
-                 f"validation sequences of {seq_len}")
+                 f"validation sequences of {seq_len}{held_out}")
   logging.info("Text data: %s (token file %s)", description, tf.path)
   info = common.DataInfo(vocab_size=tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,
                          mask_id=tok.mask_id, num_train_examples=len(train_idx),

@@ -98,6 +98,35 @@ class TokenFile:
     n = self.num_tokens // seq_len
     return self.tokens[:n * seq_len].reshape(n, seq_len)
 
+  def split_documents(self, seq_len: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) indices into ``sequences(seq_len)`` that hold out whole documents.
+
+    Documents are taken in a seeded order until they hold ``val_fraction`` of the tokens; a window lies in the
+    validation split when all of it is in held-out documents, in the training split when none of it is, and is
+    dropped otherwise, so no held-out token is ever trained on.
+    """
+    if val_fraction <= 0:
+      return np.arange(self.num_tokens // seq_len), np.zeros(0, np.int64)
+    if self.num_documents < 2:
+      raise ValueError(f"The token file {self.path} holds {self.num_documents} document: holding out whole "
+                       "documents needs two or more (or hold out sequences).")
+    ends = np.asarray(self.ends, dtype=np.int64)
+    sizes = np.diff(ends, prepend=0)
+    order = np.random.default_rng([int(seed), 0xD0C5]).permutation(self.num_documents)
+    taken = np.cumsum(sizes[order]) <= val_fraction * self.num_tokens
+    taken[0] = True  # at least one document
+    held = np.zeros(self.num_documents, bool)
+    held[order[taken]] = True
+    if held.all():
+      held[order[-1]] = False
+    n = self.num_tokens // seq_len
+    starts = np.arange(n, dtype=np.int64) * seq_len
+    first = np.searchsorted(ends, starts, side="right")  # the document of each window's first and last token
+    last = np.searchsorted(ends, starts + seq_len - 1, side="right")
+    count = np.concatenate([[0], np.cumsum(held)])  # held documents among the first k
+    in_held = count[last + 1] - count[first]
+    return np.flatnonzero(in_held == 0), np.flatnonzero(in_held == last - first + 1)
+
   @property
   def nbytes(self) -> int:
     return int(self.tokens.nbytes + self.ends.nbytes)
