@@ -19,17 +19,15 @@ under a key of the corpus, the tokenizer and the settings.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
-import time
 import zlib
 from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from multilevel.files import atomic_folder, remove_stale_temporaries
 
 FORMAT = "multilevel-token-file"
 VERSION = 1
@@ -204,18 +202,32 @@ def open_token_file(folder: str, *, verify: bool = True) -> TokenFile:
 
 
 # ------------------------------------------------------------------- build
-def _clear_stale_temporaries(parent: str, name: str, older_than_s: float = 3600.0) -> None:
-  """Removes this file's temporary folders left by killed builds (an hour old: a live build is never that slow to
-  touch its folder)."""
-  now = time.time()
-  with contextlib.suppress(FileNotFoundError):
-    for entry in os.scandir(parent):
-      if entry.name.startswith(f".{name}.tmp-") and now - entry.stat().st_mtime > older_than_s:
-        shutil.rmtree(entry.path, ignore_errors=True)
+def _write_documents(out, documents: Iterable[Any], dtype: np.dtype, vocab_size: int, eos_id: int) -> list[int]:
+  """Writes each document's ids and an end-of-document id to ``out``; returns the document ends."""
+  num_tokens, ends, pending, pending_size = 0, [], [], 0
+  for doc in documents:
+    ids = np.asarray(doc)
+    if ids.ndim != 1:
+      raise ValueError(f"A document must be a 1-D sequence of ids, got shape {ids.shape}.")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+      raise ValueError(f"Document {len(ends)} holds ids outside [0, {vocab_size}): min {int(ids.min())}, "
+                       f"max {int(ids.max())}.")
+    row = np.empty(ids.size + 1, dtype=dtype)
+    row[:-1], row[-1] = ids, eos_id
+    pending.append(row)
+    pending_size += row.size
+    num_tokens += row.size
+    ends.append(num_tokens)
+    if pending_size >= 1 << 20:  # written in pieces of about a million tokens
+      np.concatenate(pending).tofile(out)
+      pending, pending_size = [], 0
+  if pending:
+    np.concatenate(pending).tofile(out)
+  return ends
 
 
 def build(folder: str, documents: Iterable[Any], *, vocab_size: int, eos_id: int, description: str = "",
-          key: Any = None, tokenizer_json: str | None = None, extra: dict | None = None) -> TokenFile:
+          key: Any = None, tokenizer_json: str | None = None) -> TokenFile:
   """Writes the token file ``folder`` from ``documents`` (each a sequence of ids, the end-of-document id not
   included: it is appended here) and opens it.
 
@@ -223,34 +235,13 @@ def build(folder: str, documents: Iterable[Any], *, vocab_size: int, eos_id: int
   another process finished the same folder first, its file is kept and opened.
   """
   folder = os.path.abspath(os.path.expanduser(folder))
-  parent, name = os.path.dirname(folder), os.path.basename(folder)
-  os.makedirs(parent, exist_ok=True)
-  _clear_stale_temporaries(parent, name)
+  remove_stale_temporaries(folder)
   dtype = dtype_for(vocab_size)
   if not 0 <= eos_id < vocab_size:
     raise ValueError(f"eos_id {eos_id} is not an id of a vocabulary of {vocab_size}.")
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-")
-  try:
-    num_tokens, ends, pending, pending_size = 0, [], [], 0
+  with atomic_folder(folder) as tmp:
     with open(os.path.join(tmp, TOKENS), "wb") as out:
-      for doc in documents:
-        ids = np.asarray(doc)
-        if ids.ndim != 1:
-          raise ValueError(f"A document must be a 1-D sequence of ids, got shape {ids.shape}.")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-          raise ValueError(f"Document {len(ends)} holds ids outside [0, {vocab_size}): min {int(ids.min())}, "
-                           f"max {int(ids.max())}.")
-        row = np.empty(ids.size + 1, dtype=dtype)
-        row[:-1], row[-1] = ids, eos_id
-        pending.append(row)
-        pending_size += row.size
-        num_tokens += row.size
-        ends.append(num_tokens)
-        if pending_size >= 1 << 20:  # write in pieces of about a million tokens
-          np.concatenate(pending).tofile(out)
-          pending, pending_size = [], 0
-      if pending:
-        np.concatenate(pending).tofile(out)
+      ends = _write_documents(out, documents, dtype, vocab_size, eos_id)
     if not ends:
       raise ValueError(f"{description or 'The corpus'} holds no text: it gave no documents to tokenize, so no token "
                        "file was written.")
@@ -258,23 +249,15 @@ def build(folder: str, documents: Iterable[Any], *, vocab_size: int, eos_id: int
     if tokenizer_json is not None:
       with open(os.path.join(tmp, TOKENIZER), "w", encoding="utf-8") as f:
         f.write(tokenizer_json)
-    meta = {"format": FORMAT, "version": VERSION, "dtype": dtype.str, "num_tokens": num_tokens,
+    meta = {"format": FORMAT, "version": VERSION, "dtype": dtype.str, "num_tokens": ends[-1],
             "num_documents": len(ends), "vocab_size": int(vocab_size), "eos_id": int(eos_id),
             "description": description, "key": key, "block_bytes": BLOCK_BYTES,
             "tokens_crc32": _block_crcs(os.path.join(tmp, TOKENS)),
-            "index_crc32": _block_crcs(os.path.join(tmp, INDEX)), **(extra or {})}
-    with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
+            "index_crc32": _block_crcs(os.path.join(tmp, INDEX))}
+    with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:  # last: a folder with meta.json is complete
       json.dump(meta, f, indent=1, default=str)
     for entry in os.scandir(tmp):
       os.chmod(entry.path, 0o644)
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; caches may be shared.
-    try:
-      os.rename(tmp, folder)  # atomic; fails when the folder exists (another build won the race)
-    except OSError:
-      if not os.path.exists(os.path.join(folder, META)):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
   return open_token_file(folder)
 
 
