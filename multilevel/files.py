@@ -2,7 +2,7 @@
 
 ``atomic_path(path)`` yields a temporary path in the same folder; the caller writes it, and it is renamed onto
 ``path`` when the block ends, or removed when the block raises. ``write_text_atomic`` and ``write_json_atomic`` are
-the two common cases.
+the two common cases. ``atomic_folder(path)`` does the same for a folder of files written together.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import time
 from typing import Any, Iterator
 
 
@@ -39,3 +41,39 @@ def write_text_atomic(path: str, text: str) -> None:
 def write_json_atomic(path: str, obj: Any) -> None:
   """``obj`` as indented JSON with sorted keys and a final newline."""
   write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str, mode: int = 0o755) -> Iterator[str]:
+  """A temporary folder beside ``path``, renamed onto it (with permissions ``mode``) if the block succeeds, removed
+  with its contents if the block raises. If ``path`` exists by then (another writer finished first), it is kept and
+  the temporary folder dropped. A writer killed on the way leaves only a ``.<name>.tmp-*`` folder, which
+  ``remove_stale_temporaries`` clears later."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(path)}.tmp-")
+  try:
+    yield tmp
+    os.chmod(tmp, mode)  # mkdtemp makes 0700; caches may be shared.
+    try:
+      os.rename(tmp, path)  # atomic; refused when path is a folder with files in it
+    except OSError:
+      if not os.path.isdir(path):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_temporaries(path: str, older_than_s: float = 3600.0) -> None:
+  """Removes the temporary files and folders of ``path`` that killed writers left, once they are ``older_than_s``
+  seconds old (a live writer is never that long between writes)."""
+  folder, name = os.path.split(os.path.abspath(path))
+  now = time.time()
+  with contextlib.suppress(FileNotFoundError):
+    for entry in os.scandir(folder):
+      if entry.name.startswith(f".{name}.tmp-") and now - entry.stat(follow_symlinks=False).st_mtime > older_than_s:
+        if entry.is_dir(follow_symlinks=False):
+          shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+          with contextlib.suppress(FileNotFoundError):
+            os.remove(entry.path)

