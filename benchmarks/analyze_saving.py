@@ -9,6 +9,9 @@ Two views of the saving, both against scratch runs of the same model, data and s
 - the scratch frontier: scratch runs at several budgets (each with its own full warm-up and decay) give final loss
   against cost; a V-cycle run ending at loss L with cost C saves 1 - C / C_scratch(L), where C_scratch(L) is read
   on that frontier (linear in log cost between budgets; None outside the measured range).
+- the fitted frontier (``--fit``): L(F) = E + A F^-a fitted to the fully decayed scratch points (at least four), and
+  the saving read off the fit, also a little outside the measured range. A chord between measured points lies above
+  the convex frontier and inflates every saving read off it; the fit does not.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("out", "", "Merged JSON with frontier savings.", flag_values=fv)
   flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.", flag_values=fv)
   flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.", flag_values=fv)
+  flags.DEFINE_bool("fit", False, "Read savings off a fitted frontier E + A F^-a (>= 4 scratch budgets).",
+                    flag_values=fv)
 
 
 def frontier_cost(points, loss):
@@ -40,7 +45,41 @@ def frontier_cost(points, loss):
   return None
 
 
-def merge(paths):
+def fit_frontier(points):
+  """Fits L(F) = E + A F^-a to ``[(cost, loss), ...]`` (least squares in log(L - E) for each E on a fine grid below
+  the lowest loss; the best E wins). Returns ``{'E', 'A', 'a', 'rms'}``; needs at least four points."""
+  import numpy as np
+  pts = sorted(points)
+  if len(pts) < 4:
+    raise ValueError(f"Fitting E + A F^-a needs at least four scratch budgets, got {len(pts)}.")
+  f = np.log(np.array([c for c, _ in pts], np.float64))
+  loss = np.array([l for _, l in pts], np.float64)
+  best = None
+  for e in np.linspace(0.0, loss.min() - 1e-4, 4000):
+    y = np.log(loss - e)
+    slope, icpt = np.polyfit(f, y, 1)
+    if slope >= 0:
+      continue
+    pred = e + np.exp(icpt + slope * f)
+    rms = float(np.sqrt(np.mean((pred - loss) ** 2)))
+    if best is None or rms < best["rms"]:
+      best = {"E": float(e), "A": float(np.exp(icpt)), "a": float(-slope), "rms": rms}
+  if best is None:
+    raise ValueError("The scratch losses do not fall with cost; no frontier to fit.")
+  return best
+
+
+def fitted_cost(fit, loss, points, extrapolate: float = 2.0):
+  """Cost at which the fitted frontier reaches ``loss``; None below its asymptote or farther than ``extrapolate``
+  times outside the measured costs."""
+  if loss <= fit["E"]:
+    return None
+  c = (fit["A"] / (loss - fit["E"])) ** (1.0 / fit["a"])
+  lo, hi = min(p[0] for p in points), max(p[0] for p in points)
+  return c if lo / extrapolate <= c <= hi * extrapolate else None
+
+
+def merge(paths, fit: bool = False):
   budgets, meta = [], {}
   for p in paths:
     with open(p) as f:
@@ -51,14 +90,22 @@ def merge(paths):
   budgets.sort(key=lambda b: b["steps"])
   flops_pts = [(b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets]
   secs_pts = [(b["scratch"]["train_seconds"], b["scratch"]["final_eval_loss"]) for b in budgets]
+  fits = {"flops": fit_frontier(flops_pts), "seconds": fit_frontier(secs_pts)} if fit else None
   for b in budgets:
     for v in b["variants"].values():
-      cf = frontier_cost(flops_pts, v["final_eval_loss"])
-      cs = frontier_cost(secs_pts, v["final_eval_loss"])
+      if fits:
+        cf = fitted_cost(fits["flops"], v["final_eval_loss"], flops_pts)
+        cs = fitted_cost(fits["seconds"], v["final_eval_loss"], secs_pts)
+      else:
+        cf = frontier_cost(flops_pts, v["final_eval_loss"])
+        cs = frontier_cost(secs_pts, v["final_eval_loss"])
       v["frontier_flops_saving"] = None if cf is None else 1 - v["total_flops"] / cf
       # "seconds" (steps + level-change operators) where recorded; older results have only train_seconds.
       v["frontier_seconds_saving"] = None if cs is None else 1 - v.get("seconds", v["train_seconds"]) / cs
-  return dict(meta, budgets=budgets)
+  out = dict(meta, budgets=budgets)
+  if fits:
+    out["frontier_fit"] = fits
+  return out
 
 
 def pct(x):
@@ -122,7 +169,7 @@ def plot(d, path, workroot):
 
 def main(argv):
   a = cli.parse(define_flags)
-  d = merge(argv[1:])
+  d = merge(argv[1:], fit=a.fit)
   print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:

@@ -1,4 +1,5 @@
-"""Does the V-cycle save compute? Scratch and V-cycle variants on the same data, seed and budget, in one invocation.
+"""Does a growth method save compute? Scratch, V-cycle variants and the other methods (``METHODS``: G_stack, StackBERT,
+MSLT, LiGO) on the same data, seed and budget, in one invocation.
 
   python -m benchmarks.saving --family=gpt --budgets=160,320,640,1280 --variants=reference,warmup \
       --out=benchmarks/results/saving_gpt.json
@@ -59,6 +60,17 @@ VARIANTS = {
     "control": {**_W, "cycle.restart_control": True},
 }
 VARIANTS = {k: {**REFERENCE, **v} for k, v in VARIANTS.items()}
+# The other growth methods at their documented defaults (multilevel/cycles/<method>.py), on the same benchmark.
+METHODS = {
+    "gstack": {"cycle.method": "gstack"},  # g = 4: a 1-layer small model for the 4-layer benchmark models.
+    "gstack_g2": {"cycle.method": "gstack", "cycle.gstack.factor": 2},
+    "stackbert": {"cycle.method": "stackbert"},
+    "mslt": {"cycle.method": "mslt"},
+    # 20 operator steps: LiGO's 100 are 0.025% of its 400k-step runs; 20 are 1.4-10% of these budgets.
+    "ligo": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20},
+    "ligo_depth": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20, "cycle.ligo.width_factor": 1},
+}
+VARIANTS.update(METHODS)
 
 # Benchmark models: small enough to train to ~40 tokens per parameter on 2 CPU cores.
 MODELS = {

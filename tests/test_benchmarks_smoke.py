@@ -59,3 +59,16 @@ def test_throughput_script_tiny(tmp_path):
   assert abs(gpt["first_step_loss"]["ours"] - gpt["first_step_loss"]["hf"]) < 1e-3
   assert gpt["hf_tied_embeddings"] and bert["hf_tied_embeddings"]
   assert gpt["ratio_median"] > 0 and bert["ratio_median"] > 0
+
+
+def test_the_frontier_fit_recovers_a_power_law_and_reads_costs_off_it():
+  from benchmarks.analyze_saving import fit_frontier, fitted_cost
+  true = {"E": 2.5, "A": 40.0, "a": 0.3}
+  pts = [(c, true["E"] + true["A"] * c ** -true["a"]) for c in (1e9, 3e9, 1e10, 3e10, 1e11)]
+  fit = fit_frontier(pts)
+  assert fit["a"] == pytest.approx(0.3, rel=0.02) and fit["E"] == pytest.approx(2.5, abs=0.01)
+  # The cost of reaching the 3e10 point's loss, read off the fit.
+  assert fitted_cost(fit, pts[3][1], pts) == pytest.approx(3e10, rel=0.02)
+  assert fitted_cost(fit, 2.4, pts) is None  # Below the asymptote: never reached.
+  with pytest.raises(ValueError, match="at least four"):
+    fit_frontier(pts[:3])
