@@ -190,3 +190,28 @@ def test_the_masked_view_needs_the_step():
   assert view.uses_step and not FULL.uses_step
   with pytest.raises(ValueError, match="needs the global step"):
     view.apply(big, M.abstract_params(big), jnp.zeros((1, 4), jnp.int32))
+
+
+def test_the_train_step_runs_the_masks_at_its_global_step():
+  """The step passes its global step to the view: at the event step the loss is the old model's, at the end of
+  the ramp the plain grown model's; the new FFN units get no gradient at c = 0 (their pre-activation is masked)."""
+  from multilevel.train import LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, train_step_fn
+  big = M.preset("gpt-test")
+  small = big.replace(ffn_ratio=2)
+  old = _noisy_params(small)
+  grown = grow_params(old, small, big, jax.random.key(3))
+  view = MsgView("ffn", small, start=10, ramp=4)
+  tx = OptimConfig(LrSchedule(1e-2, 10), weight_decay=0.0).build()
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, big.vocab_size, (4, 16)), jnp.int32)}
+  jitted = functools.lru_cache(maxsize=None)(
+      lambda cfg, v: jax.jit(train_step_fn(StepConfig(cfg, ObjectiveConfig(), view=v), tx)))
+  step = lambda cfg, v, p, g: jitted(cfg, v)(TrainState(p, tx.init(p)), batch, jnp.int32(g))
+  _, want = step(small, FULL, old, 0)
+  state, at0 = step(big, view, grown, 10)
+  _, at1 = step(big, view, grown, 14)
+  _, plain = step(big, FULL, grown, 14)
+  assert float(at0["loss"]) == pytest.approx(float(want["loss"]), abs=1e-6)
+  assert float(at1["loss"]) == pytest.approx(float(plain["loss"]), abs=1e-6)
+  assert abs(float(plain["loss"]) - float(want["loss"])) > 1e-4
+  moved = np.asarray(state.params["layers"]["mlp"]["fc1"]["kernel"] - grown["layers"]["mlp"]["fc1"]["kernel"])
+  assert np.any(moved[..., :small.ffn_dim]) and not np.any(moved[..., small.ffn_dim:])  # Zero gradient, zero step.
