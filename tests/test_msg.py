@@ -165,6 +165,28 @@ def test_the_step_count_of_the_schedule_restarts_with_each_stage_on_one_continuo
   assert g == 100
 
 
+def test_the_rewind_schedule_jumps_back_to_the_peak_at_the_first_two_events_only():
+  plan = _plan(steps=100, lr_schedule="rewind")
+  train = TrainConfig(steps=100)
+  warm, lr = round(train.warmup_frac * 100), train.lr
+  events = [s.view.start for s in plan.stages if s.view is not FULL]
+  curve = lambda t: lr * (t / warm if t < warm else (100 - t) / (100 - warm))
+
+  def want(t):  # The code's get_scheduler_ex: back to the peak at r1 and r2, then the same slope.
+    r = max((e for e in events[:2] if e <= t), default=None)
+    return curve(t) if r is None else curve(t - r + warm)
+
+  g = 0
+  for s in plan.stages:
+    fn = s.lr.build()
+    for t in range(s.steps):
+      assert float(fn(t)) == pytest.approx(want(g + t), rel=1e-5, abs=1e-7 * lr), (s.name, t)
+    g += s.steps
+  assert float(plan.stages[1].lr.build()(0)) == pytest.approx(lr) and events[2] not in events[:2]
+  assert float(plan.stages[-1].lr.build()(plan.stages[-1].steps)) == pytest.approx(
+      lr * (events[1] - warm) / (100 - warm), rel=1e-5)
+
+
 @pytest.mark.parametrize("opts, match", [
     ({"ramp_steps": 20}, r"ramps its masks over 20 steps .* does not end before the next event"),
     ({"event_fracs": (0.1, 0.12, 0.5)}, r"'ffn' event at step 10 .* growths may not overlap"),
@@ -178,6 +200,7 @@ def test_the_step_count_of_the_schedule_restarts_with_each_stage_on_one_continuo
     ({"event_fracs": (0.4, 0.2, 0.3)}, r"increasing shares"),
     ({"event_fracs": (0.001, 0.2, 0.3)}, r"start model needs at least one step"),
     ({"new_layers": "zero"}, r"new_layers must be one of"),
+    ({"lr_schedule": "cosine"}, r"lr_schedule must be one of"),
 ])
 def test_impossible_msg_schedules_are_refused_with_what_to_change(opts, match):
   with pytest.raises(ConfigError, match=match):

@@ -31,7 +31,8 @@ Schedule (the paper's Table 2 is not public; ours, documented in the README): th
 divided by the factors of the kinds in ``order``; events at ``event_fracs`` of ``train.steps`` (default: evenly
 over the first ``growth_span`` = 40%); each ramp lasts ``ramp_steps`` (or ``ramp_frac`` of the budget); one
 learning-rate curve (scratch's warm-up and linear decay) runs across all stages. The code's LR rewinds at the first
-two events and its option to reset Adam's step for new entries are not implemented. FLOPs count the grown model
+two events are the option ``lr_schedule='rewind'``; its option to reset Adam's step for new entries is not
+implemented. FLOPs count the grown model
 from the event step on (the masks' multiplications are not counted).
 """
 
@@ -47,13 +48,14 @@ from multilevel import models as M
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method, scratch_schedules
 from multilevel.models import ModelConfig, parts
 from multilevel.models.transformer import Attention, Mlp
-from multilevel.train.optim import carry_moments
+from multilevel.train.optim import LrSchedule, carry_moments
 from multilevel.train.views import FULL, View
 from multilevel.tree import flatten, unflatten
 from multilevel.typed_config import ConfigError, check_fields, section_from
 
 KINDS = ("ffn", "layers", "heads")
 NEW_LAYERS = ("copy", "random")
+LR_SCHEDULES = ("continuous", "rewind")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,7 @@ class MsgConfig:
   ramp_steps: int = 0  # ... or in steps (> 0 overrides ramp_frac). The code's grow_time.
   new_layers: str = "copy"  # copy (new block j copies old block j mod L, the code's default) | random
   init_std: float = 0.02  # Std of new weight entries.
+  lr_schedule: str = "continuous"  # continuous (scratch's curve) | rewind (back to the peak at the first 2 events)
 
   def __post_init__(self):
     check_fields(self, "cycle.msg")
@@ -99,6 +102,8 @@ class MsgConfig:
                         f"{self.ramp_steps}.")
     if self.new_layers not in NEW_LAYERS:
       raise ConfigError(f"cycle.msg.new_layers must be one of {NEW_LAYERS}, got {self.new_layers!r}.")
+    if self.lr_schedule not in LR_SCHEDULES:
+      raise ConfigError(f"cycle.msg.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
     if not self.init_std >= 0:
       raise ConfigError(f"cycle.msg.init_std must be >= 0, got {self.init_std}.")
 
@@ -271,6 +276,31 @@ def model_sizes(model: ModelConfig, opts: MsgConfig) -> tuple[ModelConfig, ...]:
   return tuple(sizes)
 
 
+def rewind_schedules(train, steps: tuple[int, ...], rewinds: tuple[int, ...]) -> tuple[LrSchedule, ...]:
+  """The code's ``get_scheduler_ex``: scratch's linear warm-up and decay, except that at each step of ``rewinds``
+  the curve jumps back to its peak and decays from there with the same slope (so it ends above zero); cut into
+  stages of ``steps`` steps (a rewind falls on a stage boundary)."""
+  total, lr = sum(steps), float(train.lr)
+  warm = round(train.warmup_frac * total)
+  if train.decay != "linear":
+    raise ValueError(f"lr_schedule='rewind' rewinds a linear decay; train.decay={train.decay!r} is not. Use "
+                     f"train.decay='linear' or cycle.msg.lr_schedule='continuous'.")
+  if warm > steps[0]:
+    raise ValueError(f"The warm-up ({warm} steps, train.warmup_frac={train.warmup_frac}) is longer than the first "
+                     f"stage ({steps[0]} steps); lower train.warmup_frac or move the first event later.")
+  curve = lambda t: lr * (t / warm if t < warm else (total - t) / max(total - warm, 1))
+  out, start = [], 0
+  for i, n in enumerate(steps):
+    r = max((e for e in rewinds if e <= start), default=None)
+    at = (lambda t: curve(t)) if r is None else (lambda t, r=r: curve(t - r + warm))
+    if i == 0:
+      out.append(LrSchedule(lr, n, warm, "linear", at(start + n) / lr))
+    else:
+      out.append(LrSchedule(at(start), n, 0, "linear", at(start + n) / at(start)))
+    start += n
+  return tuple(out)
+
+
 def msg_plan(model, cycle, train) -> Plan:
   from multilevel.cycles.vcycle import CycleConfig
   from multilevel.train.config import TrainConfig
@@ -295,7 +325,8 @@ def msg_plan(model, cycle, train) -> Plan:
   for e, end in zip(events, ends):
     steps += [ramp, end - e - ramp]
   try:
-    schedules = scratch_schedules(train, tuple(steps))
+    schedules = (scratch_schedules(train, tuple(steps)) if opts.lr_schedule == "continuous" else
+                 rewind_schedules(train, tuple(steps), events[:2]))
   except ValueError as e:
     raise ConfigError(f"cycle.method='msg' runs one learning-rate curve across its stages: {e}") from None
   levels = tuple(reversed(sizes))  # levels[0] is the target; the model after event i is level n - i.
