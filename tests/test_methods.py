@@ -221,6 +221,7 @@ CASES = {  # One family per method keeps the suite short; the unit tests above c
     "stackbert": ("deit", {"cycle.stackbert.stages": 2, "cycle.stackbert.fracs": (0.3, 0.7)}),
     "mslt": ("gpt", {"cycle.mslt.stages": 2}),
     "ligo": ("gpt", {"cycle.ligo.operator_steps": 5, "cycle.ligo.depth_factor": 1}),
+    "msg": ("bert", {"cycle.msg.order": ("layers", "heads")}),  # Both mask paths: the layer ramp, the width masks.
 }
 
 

@@ -144,8 +144,13 @@ class Runner:
     return build_steps(self.step_config(stage.level, stage.view), stage.optim, self.mesh)
 
   def eval_fn(self, level: int, view=FULL):
-    """The evaluation of level ``level``'s model, held as ``view`` holds it (a stage's tree, or a plain one)."""
-    return eval_step(self.step_config(level, view), self.mesh)
+    """The evaluation of level ``level``'s model, held as ``view`` holds it (a stage's tree, or a plain one); a view
+    that uses the step is evaluated at the run's current global step."""
+    fn = eval_step(self.step_config(level, view), self.mesh)
+    if not view.uses_step:
+      return fn
+    g = jnp.int32(self.pos.global_step)
+    return lambda params, batch, index: fn(params, batch, index, g)
 
   def _compile(self, build):
     """``build()`` (an ahead-of-time compilation), timed as compile seconds: kept out of the training wall-clock."""

@@ -27,6 +27,7 @@ from multilevel import models as M
 from multilevel import operators as O
 from multilevel.cycles.ligo import LigoConfig
 from multilevel.cycles.mslt import MsltConfig
+from multilevel.cycles.msg import MsgConfig
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
 from multilevel.cycles.stack import GStackConfig, StackBertConfig
 from multilevel.models import ModelConfig
@@ -76,6 +77,7 @@ class CycleConfig:
   stackbert: StackBertConfig = StackBertConfig()
   mslt: MsltConfig = MsltConfig()
   ligo: LigoConfig = LigoConfig()
+  msg: MsgConfig = MsgConfig()
 
   def __post_init__(self):
     check_fields(self, "cycle")

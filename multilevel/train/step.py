@@ -108,10 +108,11 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation, schedule: op
 
   def step(state: TrainState, batch, global_step):
     trainable, frozen = view.split(state.params)
+    apply = functools.partial(view.apply, step=global_step) if view.uses_step else view.apply
 
     def grads_of(t, micro, rng):
       def f(p):
-        aux = loss_fn(sc.model, sc.objective, view.merge(p, frozen), micro, rng, True, apply=view.apply)
+        aux = loss_fn(sc.model, sc.objective, view.merge(p, frozen), micro, rng, True, apply=apply)
         return aux["loss_sum"] / jnp.maximum(aux["count"], 1.0), aux
       (_, aux), g = jax.value_and_grad(f, has_aux=True)(t)
       return g, aux
@@ -149,12 +150,14 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation, schedule: op
 
 
 def eval_sums_fn(sc: StepConfig):
-  """``(params, batch, index) -> {'loss_sum', 'count', 'correct'}`` with a fixed rng per eval batch."""
+  """``(params, batch, index) -> {'loss_sum', 'count', 'correct'}`` with a fixed rng per eval batch; a view that
+  uses the step (``View.uses_step``) takes the global step as a fourth argument."""
   loss_fn = objective_of(sc.model)
 
-  def ev(params, batch, index):
+  def ev(params, batch, index, step=None):
     rng = jax.random.fold_in(jax.random.key(sc.seed + 1_000_003), index)
-    return loss_fn(sc.model, sc.objective, params, batch, rng, False, apply=sc.view.apply)
+    apply = sc.view.apply if step is None else functools.partial(sc.view.apply, step=step)
+    return loss_fn(sc.model, sc.objective, params, batch, rng, False, apply=apply)
 
   return ev
 
@@ -191,9 +194,11 @@ class Steps:
 
 @functools.lru_cache(maxsize=32)
 def eval_step(sc: StepConfig, mesh):
-  """The jitted ``(params, batch, index) -> sums`` of one model and objective (shared by every optimizer)."""
+  """The jitted ``(params, batch, index) -> sums`` of one model and objective (shared by every optimizer); with
+  ``(params, batch, index, step)`` for a view that uses the global step."""
   rep, bat = replicated(mesh), batch_sharding(mesh)
-  return jax.jit(eval_sums_fn(sc), in_shardings=(sc.view.shardings(sc.model, mesh), bat, rep), out_shardings=rep)
+  ins = (sc.view.shardings(sc.model, mesh), bat, rep) + ((rep,) if sc.view.uses_step else ())
+  return jax.jit(eval_sums_fn(sc), in_shardings=ins, out_shardings=rep)
 
 
 def state_shardings(model: ModelConfig, tx: optax.GradientTransformation, mesh, view: View = FULL) -> TrainState:

@@ -10,7 +10,9 @@ steps (``StepConfig.view``):
 - ``split(vparams) -> (trainable, frozen)`` and ``merge(trainable, frozen)``: what the optimizer sees;
 - ``apply(cfg, vparams, *inputs, **kw) -> logits``: the objectives' forward pass;
 - ``from_model(cfg, params)`` / ``to_model(cfg, vparams)``: to and from the plain parameter tree of ``cfg``;
-- ``train_flops_per_step(cfg, batch)``: what a step computes, for the FLOPs accounting.
+- ``train_flops_per_step(cfg, batch)``: what a step computes, for the FLOPs accounting;
+- ``uses_step``: ``apply`` takes the global step as the keyword ``step`` (MSG's masks ramp with it); the train step
+  passes its global step and the evaluation the driver's current one. Views without it never see the step.
 
 The train step differentiates only the trainable part, so the frozen part costs no backward pass where the view keeps
 it out of the gradient's path (``FrozenBottom`` feeds the trainable layers through ``stop_gradient``).
@@ -31,6 +33,8 @@ from multilevel.train.sharding import param_shardings
 @dataclasses.dataclass(frozen=True)
 class View:
   """The whole model, every parameter trained: what a stage trains unless its method says otherwise."""
+
+  uses_step = False  # A class attribute, not a field: ``apply`` takes ``step=`` (the global step) when True.
 
   @property
   def name(self) -> str:
