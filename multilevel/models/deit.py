@@ -63,7 +63,7 @@ DEIT_AXES = A.with_blocks({
 })
 
 
-def _head_flops(cfg: ModelConfig) -> float:
+def _head_flops(cfg: ModelConfig, objective) -> float:
   patch = 2 * cfg.num_patches * cfg.patch_size ** 2 * cfg.num_channels * cfg.width
   return patch + 2 * cfg.width * cfg.num_classes * (2 if cfg.distill_token else 1)
 

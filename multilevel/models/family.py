@@ -35,7 +35,10 @@ class Family:
     causal: attention sees only earlier positions (decoders).
     embedding_params: top-level parameter names left out of non-embedding counts (the 6N convention).
     positions: ``ModelConfig -> int``, the positions the transformer stack processes per example.
-    head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
+    head_flops: ``(ModelConfig, objective) -> float``, forward matmul FLOPs per example outside the blocks, as the
+      train step computes them (``objective``: the ``ObjectiveConfig``, e.g. how many positions BERT predicts).
+    output_embedding: text families: ``params -> (embedding_VxD, bias_V or None)``, the vocabulary layer that the
+      model's ``features=True`` output feeds (the losses apply it themselves, in chunks for large vocabularies).
   """
 
   name: str
@@ -47,11 +50,12 @@ class Family:
   tied_embedding: bool
   ln_eps: float
   positions: Callable[[Any], int]
-  head_flops: Callable[[Any], float]
+  head_flops: Callable[[Any, Any], float]
   gelu_tanh: bool = False
   scaled_residual_init: bool = False
   causal: bool = False
   embedding_params: tuple[str, ...] = ()
+  output_embedding: Callable[[Any], tuple] | None = None
 
   def __post_init__(self):
     if self.modality not in MODALITIES:
