@@ -106,3 +106,20 @@ def test_chunked_cross_entropy_equals_the_plain_one_in_value_and_gradient(bias):
   assert float(sc["correct"]) == float(sp["correct"]) and float(sc["count"]) == float(sp["count"])
   for a, c in zip(jax.tree.leaves(gp), jax.tree.leaves(gc)):
     np.testing.assert_allclose(c, a, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_loss_does_the_plain_loss_matmuls_once():
+  """XLA's cost analysis counts a loop body once: C chunks' body times C is the plain loss's forward + backward
+  (6 N d V), so the chunked step computes no logits twice and the analytic FLOPs stay exact."""
+  b, t, d, v, c = 4, 32, 32, 256, 4
+  args = (jnp.zeros((b, t, d)), jnp.zeros((v, d)), jnp.zeros((v,)), jnp.zeros((b, t), jnp.int32), jnp.ones((b, t)))
+
+  def flops(max_logits):
+    f = lambda h, e, bias, y, w: cross_entropy_sums(h, e, bias, y, w, max_logits=max_logits)["loss_sum"]
+    cost = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(*args).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
+
+  plain, chunked = flops(0), flops(b * t * v // c)
+  matmuls = 6 * b * t * d * v
+  assert plain == pytest.approx(matmuls, rel=0.1)
+  assert c * chunked == pytest.approx(plain, rel=0.1)
