@@ -6,7 +6,8 @@ small model, then a short scratch vs 2-level V-cycle run through the real driver
     python -m benchmarks.gpu --seq 512 --vocab 8192 --batch 64 --peak_tflops 989 --cycle_steps 600
 
 Part 1, throughput: GPT-2 124M shapes (12 layers, 12 heads x 64, FFN 3072, vocab 50257, seq 1024) with bf16 compute
-(``ModelConfig(dtype='bfloat16')``; parameters, optimizer state and the residual stream in fp32), random tokens, the
+(``ModelConfig(dtype='bfloat16')``; parameters, optimizer state and the residual stream in fp32), attention through
+cuDNN's flash kernel (``model.attention=auto``), the cross-entropy in chunks (``train.max_logits``), random tokens, the
 engine's jitted train step (``multilevel.train.build_steps``: AdamW, clipping, donated state) over all visible
 devices. Measured for the big model and for the coalesced small one (``make_mapping(cfg).small``: 6 layers, 6 heads)
 at the same batch: tokens/s, step seconds, model FLOPs utilisation = analytic train FLOPs per step
@@ -111,6 +112,7 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
   from multilevel import models as M
   from multilevel.train import (LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, init_params,
                                 put_batch, tokens_per_example, train_flops_per_step)
+  from multilevel.train.losses import num_chunks
   sc = StepConfig(cfg, ObjectiveConfig(pad_id=-1), grad_accum=1, seed=0)
   oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01, grad_clip=1.0)
   steps = build_steps(sc, oc, mesh)
@@ -150,7 +152,9 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
       "model": f"L{cfg.num_layers}/d{cfg.width}/h{cfg.num_heads}", "layers": cfg.num_layers, "heads": cfg.num_heads,
       "width": cfg.width, "params": M.num_params(params),
       "params_non_embedding": M.num_params(params, exclude_embeddings=True), "batch": batch, "seq": cfg.max_len,
-      "vocab": cfg.vocab_size, "dtype": cfg.dtype, "remat": cfg.remat, "compile_s": compile_s, "step_s": step_s,
+      "vocab": cfg.vocab_size, "dtype": cfg.dtype, "remat": cfg.remat, "attention": cfg.attention,
+      "loss_chunks": num_chunks(batch * tokens_per_example(cfg), cfg.vocab_size, sc.objective.max_logits),
+      "compile_s": compile_s, "step_s": step_s,
       "step_s_blocking_median": statistics.median(per), "tokens_per_s": tokens / step_s,
       "train_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
       "mfu": flops / step_s / (a.peak_tflops * 1e12 * n_dev), "loss_after": loss,

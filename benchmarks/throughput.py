@@ -1,7 +1,7 @@
 """Train-step tokens/s of our JAX step against Hugging Face transformers (PyTorch) for the same shapes, in one run.
 
     python -m benchmarks.throughput [--models gpt,bert] [--layers 4 --heads 4 --head_dim 64 --ffn_ratio 4]
-        [--vocab 8192 --seq 128 --batch 8] [--warmup 2 --rounds 5 --steps 2] [--single_thread]
+        [--vocab 8192 --seq 128 --batch 8] [--warmup 2 --rounds 5 --steps 2] [--single_thread] [--torch_compile]
         [--out benchmarks/results/throughput.json]
 
 Both sides start from the same weights (ours exported with ``multilevel.interop.to_hf_model``), fp32, dropout 0,
@@ -14,10 +14,14 @@ constant learning rate) and global-norm clipping at 1.0.
   a step is forward, loss, backward, ``clip_grad_norm_``, ``AdamW.step`` and ``zero_grad``.
 - GPT: each row holds seq + 1 tokens; both sides run the model on the first seq and predict the next token at all
   seq positions (HF: logits, then ``F.cross_entropy``), so both process exactly batch x seq positions per step.
-- BERT: ours masks 15% of the positions inside the jitted step (80/10/10 corruption, random numbers on device); HF
-  gets inputs corrupted the same way with labels -100 on the other 85%, precomputed outside the timed region. The
-  masking is a few element-wise ops on a batch x seq array: a tiny extra cost on our side only. Both compute the
-  logits and the cross-entropy at every position (HF's ignore_index, our weights).
+- BERT: ours masks round(15%) of each row's positions inside the jitted step (80/10/10 corruption, random numbers on
+  device); HF gets inputs corrupted the same way (15% of positions on average) with labels -100 on the others,
+  precomputed outside the timed region. The masking is a few element-wise ops and a top-k on a batch x seq array: a
+  small extra cost on our side only. HF's ``BertForMaskedLM`` computes the head (transform and vocabulary logits) at
+  every position and ignores 85% of them in the loss; ours gathers the masked positions first and runs the head
+  there only (what the engine trains with): the BERT ratio includes that saving, the GPT ratio is kernel for kernel.
+- ``--torch_compile``: a third side, the same HF model under ``torch.compile`` (inductor, default mode); its first
+  step compiles, outside the timed part.
 
 Warm-up steps (excluded) are the same on both sides. The timed part runs in rounds; each round times ``--steps``
 steps of ours and of HF back to back (the order alternates between rounds, so a slow drift of the machine does not
@@ -65,6 +69,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_bool("single_thread", False, "One thread on both sides (torch.set_num_threads(1) and XLA's "
                     "single-threaded Eigen): a check that is less sensitive to other jobs on the machine than two "
                     "threads that must meet at every op's barrier.", flag_values=fv)
+  flags.DEFINE_bool("torch_compile", False, "Also time Hugging Face's model under torch.compile (inductor; needs a C++ "
+                    "compiler; compiling takes minutes on a small CPU).", flag_values=fv)
   flags.DEFINE_integer("seed", 0, "Seed of the weights and batches.", flag_values=fv)
   flags.DEFINE_string("note", "", "Free text stored in the JSON (e.g. what else ran on the machine).", flag_values=fv)
   flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "throughput.json"),
@@ -112,7 +118,8 @@ class Ours:
     from multilevel.train import LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, build_steps, make_mesh, put_batch
     self.jax, self.jnp = jax, jnp
     mesh = make_mesh("", 1)
-    sc = StepConfig(cfg, ObjectiveConfig(mask_id=MASK_ID, pad_id=-1, mlm_prob=0.15), grad_accum=1, seed=0)
+    self.objective = ObjectiveConfig(mask_id=MASK_ID, pad_id=-1, mlm_prob=0.15)
+    sc = StepConfig(cfg, self.objective, grad_accum=1, seed=0)
     oc = OptimConfig(LrSchedule(peak=1e-4, steps=10**7, warmup=0, decay="constant"), weight_decay=0.01,
                      grad_clip=1.0)
     steps = build_steps(sc, oc, mesh)
@@ -142,13 +149,14 @@ class Ours:
 class HF:
   """The same model in transformers: a plain PyTorch training step."""
 
-  def __init__(self, family, cfg, params, batches):
+  def __init__(self, family, cfg, params, batches, compile_model: bool = False):
     import torch
     import torch.nn.functional as F
 
     from multilevel.interop import to_hf_model
     self.torch, self.F, self.family = torch, F, family
     self.model = to_hf_model(cfg, params).float().train()
+    self.forward = torch.compile(self.model) if compile_model else self.model
     emb_in = self.model.get_input_embeddings().weight
     emb_out = self.model.get_output_embeddings().weight
     self.tied = emb_in.data_ptr() == emb_out.data_ptr()
@@ -167,10 +175,10 @@ class HF:
   def step(self):
     x, y = self.batches[self.g % len(self.batches)]
     if self.family == "gpt":
-      logits = self.model(input_ids=x).logits
+      logits = self.forward(input_ids=x).logits
       loss = self.F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     else:
-      loss = self.model(input_ids=x, labels=y).loss
+      loss = self.forward(input_ids=x, labels=y).loss
     loss.backward()
     self.torch.nn.utils.clip_grad_norm_(self.params, 1.0)
     self.opt.step()
@@ -194,32 +202,51 @@ def bench_family(family: str, a) -> dict:
   cfg = model_config(family, a)
   params = M.init_params(cfg, a.seed)
   batches = make_batches(family, cfg, a)
-  hf = HF(family, cfg, params, batches)
+  sides = {"hf": HF(family, cfg, params, batches)}
+  if a.torch_compile:
+    sides["hf_compile"] = HF(family, cfg, params, batches, compile_model=True)
   ours = Ours(family, cfg, params, batches)
+  sides = {"ours": ours, **sides}
 
-  # Sanity: on the very first batch and the same weights the two losses must agree (GPT exactly; BERT differs by
-  # its masks). Taken from the first warm-up step of each side.
-  first = {"ours": float(ours.step()["loss"]), "hf": float(hf.step().detach())}
-  ours.run(max(a.warmup - 1, 0))
-  hf.run(max(a.warmup - 1, 0))
+  # Sanity: on the very first batch and the same weights the losses must agree (GPT exactly; BERT differs by its
+  # masks). Taken from the first warm-up step of each side (torch.compile compiles here, outside the timed part).
+  first = {}
+  for name, side in sides.items():
+    t0 = time.perf_counter()
+    loss = side.step()
+    first[name] = float(loss["loss"] if name == "ours" else loss.detach())
+    if name == "hf_compile":
+      print(f"  {family}: torch.compile's first step (compiling) took {time.perf_counter() - t0:.1f} s", flush=True)
+  for side in sides.values():
+    side.run(max(a.warmup - 1, 0))
 
   tokens = a.batch * a.seq * a.steps
+  others = [n for n in sides if n != "ours"]
   rounds = []
   for r in range(a.rounds):
     times = {}
-    order = (("ours", ours), ("hf", hf)) if r % 2 == 0 else (("hf", hf), ("ours", ours))
-    for name, side in order:
+    order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+    for name in order:
       t0 = time.perf_counter()
-      side.run(a.steps)
+      sides[name].run(a.steps)
       times[name] = time.perf_counter() - t0
-    rounds.append({"ours_tokens_per_s": tokens / times["ours"], "hf_tokens_per_s": tokens / times["hf"],
-                   "ratio": times["hf"] / times["ours"], "first": order[0][0]})
-    print(f"  {family} round {r}: ours {rounds[-1]['ours_tokens_per_s']:.0f} tok/s, HF "
-          f"{rounds[-1]['hf_tokens_per_s']:.0f} tok/s, ratio {rounds[-1]['ratio']:.3f}", flush=True)
+    rounds.append({**{f"{n}_tokens_per_s": tokens / times[n] for n in sides},
+                   **{("ratio" if n == "hf" else f"ratio_{n}"): times[n] / times["ours"] for n in others},
+                   "first": order[0]})
+    print(f"  {family} round {r}: " + ", ".join(f"{n} {rounds[-1][f'{n}_tokens_per_s']:.0f} tok/s" for n in sides)
+          + ", ratio " + ", ".join(f"{rounds[-1]['ratio' if n == 'hf' else f'ratio_{n}']:.3f}" for n in others),
+          flush=True)
   ours_tps = statistics.median(x["ours_tokens_per_s"] for x in rounds)
   hf_tps = statistics.median(x["hf_tokens_per_s"] for x in rounds)
   ratios = [x["ratio"] for x in rounds]
-  step_flops = train_flops_per_step(cfg, a.batch)
+  hf = sides["hf"]
+  extra = {}
+  if "hf_compile" in sides:
+    rc = [x["ratio_hf_compile"] for x in rounds]
+    extra = {"hf_compile_tokens_per_s": statistics.median(x["hf_compile_tokens_per_s"] for x in rounds),
+             "ratio_compile_median": statistics.median(rc), "ratio_compile_min": min(rc),
+             "ratio_compile_max": max(rc)}
+  step_flops = train_flops_per_step(cfg, a.batch, ours.objective)
   return {
       "model": family, "objective": "causal LM" if family == "gpt" else "masked LM (15%)",
       "shape": {"layers": cfg.num_layers, "heads": cfg.num_heads, "head_dim": cfg.head_dim, "width": cfg.width,
@@ -232,22 +259,31 @@ def bench_family(family: str, a) -> dict:
       "ours_gflops_per_s": step_flops * ours_tps / (a.batch * a.seq) / 1e9,
       "hf_gflops_per_s": step_flops * hf_tps / (a.batch * a.seq) / 1e9,
       "ours_compile_s": ours.compile_seconds,
-      "first_step_loss": first, "last_loss": {"ours": ours.losses[-1], "hf": hf.losses[-1]},
+      **extra,
+      "first_step_loss": first, "last_loss": {n: side.losses[-1] for n, side in sides.items()},
       "hf_attn_implementation": hf.attn_impl, "hf_tied_embeddings": hf.tied,
       "torch_threads": torch.get_num_threads(), "rounds": rounds,
   }
 
 
 def table(rows) -> str:
-  lines = ["| model | ours tokens/s | HF tokens/s | ratio ours/HF (median, [min, max]) | ours / HF step s |",
-           "|---|---:|---:|---:|---:|"]
+  compiled = any("ratio_compile_median" in r for r in rows)
+  head = "| model | ours tokens/s | HF tokens/s | ratio ours/HF (median, [min, max]) |"
+  rule = "|---|---:|---:|---:|"
+  if compiled:
+    head += " HF compiled tokens/s | ratio ours/HF compiled |"
+    rule += "---:|---:|"
+  lines = [head + " ours / HF step s |", rule + "---:|"]
   for r in rows:
     s = r["shape"]
     name = (f"{'GPT-2 CLM' if r['model'] == 'gpt' else 'BERT MLM'} L{s['layers']} d{s['width']} "
             f"h{s['heads']} ffn{s['ffn']} V{s['vocab']}, {s['batch']}x{s['seq']}")
-    lines.append(f"| {name} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | "
-                 f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] | "
-                 f"{r['ours_step_s']:.3f} / {r['hf_step_s']:.3f} |")
+    line = (f"| {name} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | "
+            f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}] |")
+    if compiled:
+      line += (f" {r['hf_compile_tokens_per_s']:,.0f} | {r['ratio_compile_median']:.2f} [{r['ratio_compile_min']:.2f}, "
+               f"{r['ratio_compile_max']:.2f}] |" if "ratio_compile_median" in r else " - | - |")
+    lines.append(line + f" {r['ours_step_s']:.3f} / {r['hf_step_s']:.3f} |")
   return "\n".join(lines)
 
 

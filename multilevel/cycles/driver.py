@@ -349,7 +349,7 @@ class Runner:
     tc, pos = self.config.train, self.pos
     cfg = self.plan.levels[stage.level]
     steps = self.steps_for(stage)
-    step_flops = stage.view.train_flops_per_step(cfg, tc.batch_size)
+    step_flops = stage.view.train_flops_per_step(cfg, tc.batch_size, self.objective)
     window: list[float] = []
     pending, compiled = None, None
     timer = _StageTimer(pos, stage.index)

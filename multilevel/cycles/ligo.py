@@ -184,9 +184,9 @@ class LigoView(View):
   def apply(self, cfg, vparams, *inputs, **kw):
     return M.apply(cfg, self.to_model(cfg, vparams), *inputs, **kw)
 
-  def train_flops_per_step(self, cfg, global_batch: int) -> float:
+  def train_flops_per_step(self, cfg, global_batch: int, objective=None) -> float:
     """A big-model training step, plus building the weights forward and backward (3x the materialisation)."""
-    return train_flops_per_step(cfg, global_batch) + 3.0 * materialise_flops(self.mapping, self.mapping.small)
+    return train_flops_per_step(cfg, global_batch, objective) + 3.0 * materialise_flops(self.mapping, self.mapping.small)
 
 
 # ---------------------------------------------------------------------------------------------- the method

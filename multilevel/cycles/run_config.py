@@ -94,7 +94,7 @@ def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfi
     raise ConfigError("Masked-LM training needs a tokenizer with a '<mask>' (or '[MASK]') token; the loaded one has "
                       "none. Train one here (leave data.tokenizer empty) or give a tokenizer that has it.")
   return ObjectiveConfig(mask_id=int(mask_id or 0), pad_id=-1, mlm_prob=tc.mlm_prob, label_smoothing=tc.label_smoothing,
-                         mixup_alpha=tc.mixup_alpha)
+                         mixup_alpha=tc.mixup_alpha, max_logits=tc.max_logits)
 
 
 def resolved_config(run: RunConfig, model: ModelConfig) -> dict:

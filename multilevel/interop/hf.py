@@ -76,15 +76,15 @@ def from_hf_state_dict(state_dict: Mapping[str, Any], config, architecture: str 
   """``(ModelConfig, params)`` from a Hugging Face state dict (numpy arrays or torch tensors) and its config.
 
   ``architecture`` (e.g. ``"BertForMaskedLM"``) overrides ``config.architectures``. ``overrides`` may set the
-  fields HF does not describe: ``dtype``, ``remat``, ``dropout``.
+  fields HF does not describe: ``dtype``, ``remat``, ``dropout``, ``attention`` (the kernel).
   """
   d = config_dict(config)
   sd = {k: to_numpy(v) for k, v in state_dict.items()}
   a = REGISTRY.resolve(d, sd.keys(), architecture)
   cfg = a.config_from_hf(d)
-  bad = sorted(set(overrides) - {"dtype", "remat", "dropout"})
+  bad = sorted(set(overrides) - {"dtype", "remat", "dropout", "attention"})
   if bad:
-    raise HFInteropError(f"Only dtype, remat and dropout may be overridden on import, not {bad}: the rest comes "
+    raise HFInteropError(f"Only dtype, remat, dropout and attention may be overridden on import, not {bad}: the rest comes "
                          "from the checkpoint.")
   cfg = cfg.replace(**overrides)
   sd = normalise(a, sd, cfg, d)

@@ -8,20 +8,24 @@ import jax.numpy as jnp
 from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import Family, register
-from multilevel.models.transformer import check_tokens, dense_init, layer_norm_axes, stack
+from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, layer_norm_axes, stack, vocab_logits
 
 
 class Bert(nn.Module):
   """``__call__(tokens_BxT, token_types_BxT=None, mask_BxT=None, train=False) -> logits_BxTxV`` (float32).
 
   ``part``: ``"embed"`` (tokens -> the stream entering the blocks), ``"head"`` (the stream leaving them -> logits; the
-  first argument is then that stream), or ``"all"``."""
+  first argument is then that stream), or ``"all"``.
+  ``positions_BxP`` (int, per row) runs the masked-LM head only at those positions (gathered first, in ``"head"`` as in
+  ``"all"``): ``logits_BxPxV``. ``features=True`` returns what the tied decoder reads instead of logits (the head's
+  transform, ``h_BxTxD`` or ``h_BxPxD``), for losses that apply the decoder themselves (``multilevel.train.losses``)."""
 
   cfg: ModelConfig
   part: str = "all"
 
   @nn.compact
-  def __call__(self, x, token_types_BxT=None, mask_BxT=None, train: bool = False):
+  def __call__(self, x, token_types_BxT=None, mask_BxT=None, train: bool = False, positions_BxP=None,
+               features: bool = False):
     cfg = self.cfg
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
     if self.part != "head":
@@ -39,11 +43,15 @@ class Bert(nn.Module):
         return x_BxTxD
       x = stack(cfg, pre_ln=False, causal=False, deterministic=not train)(x_BxTxD, mask_BxT)
     x_BxTxD = x
+    if positions_BxP is not None:  # Only the predicted positions go through the head (15% of them in training).
+      x_BxTxD = jnp.take_along_axis(x_BxTxD, positions_BxP[:, :, None], axis=1)
     h_BxTxD = nn.Dense(cfg.width, kernel_init=dense_init(), name="mlm_dense")(x_BxTxD)
     h_BxTxD = nn.gelu(h_BxTxD, approximate=False)
     h_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="mlm_ln")(h_BxTxD)
     bias_V = self.param("mlm_bias", nn.initializers.zeros, (cfg.vocab_size,))
-    return word.attend(h_BxTxD.astype(jnp.float32)) + bias_V[None, None, :]
+    if features:
+      return h_BxTxD.astype(jnp.float32)
+    return vocab_logits(h_BxTxD, word.embedding, bias_V, compute_dtype(cfg))
 
 
 BERT_AXES = A.with_blocks({
@@ -58,12 +66,19 @@ BERT_AXES = A.with_blocks({
 })
 
 
-def _head_flops(cfg: ModelConfig) -> float:
-  t, d = cfg.max_len, cfg.width
-  return 2 * t * d * d + 2 * t * d * cfg.vocab_size  # MLM transform + tied decoder at every position.
+def mlm_predictions(length: int, mlm_prob: float) -> int:
+  """Positions predicted per row of ``length`` tokens: ``round(mlm_prob * length)``, at least one while
+  ``mlm_prob > 0`` (the original BERT data pipeline's rule, with ``max_predictions_per_seq`` = this count)."""
+  return min(length, max(1, round(mlm_prob * length))) if mlm_prob > 0 else 0
+
+
+def _head_flops(cfg: ModelConfig, objective) -> float:
+  p, d = mlm_predictions(cfg.max_len, objective.mlm_prob), cfg.width
+  return 2 * p * d * d + 2 * p * d * cfg.vocab_size  # MLM transform + tied decoder at the predicted positions only.
 
 
 BERT = register(Family(
     "bert", Bert, BERT_AXES, modality="text", objective="mlm", pre_ln=False, tied_embedding=True, ln_eps=1e-12,
     positions=lambda cfg: cfg.max_len, head_flops=_head_flops,
-    embedding_params=("word", "position", "token_type")))
+    embedding_params=("word", "position", "token_type"),
+    output_embedding=lambda params: (params["word"]["embedding"], params["mlm_bias"])))

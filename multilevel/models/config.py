@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-
+from multilevel.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
 def _family(name: str):
   from multilevel.models.family import family_of  # Lazy: the family modules import this one.
@@ -49,6 +49,9 @@ class ModelConfig:
   ln_eps: float = -1.0  # -1 means the family's default (BERT 1e-12, GPT and LLaMA 1e-5, DeiT 1e-6).
   dtype: str = "float32"  # Compute dtype; parameters are always float32.
   remat: bool = False  # Rematerialise each block in the backward pass (saves memory on big models).
+  # jax.nn.dot_product_attention: 'auto' = cuDNN's flash kernel on GPUs in bf16/fp16, XLA's elsewhere; 'xla';
+  # 'cudnn' (fails where cuDNN cannot); 'explicit' = materialised probabilities (always used to train with dropout).
+  attention: str = "auto"
 
   def __post_init__(self):
     from multilevel.models.family import REGISTRY
@@ -76,6 +79,8 @@ class ModelConfig:
             f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}; pick sizes that divide.")
     elif self.vocab_size < 1 or self.max_len < 1:
       raise ValueError("Text models need vocab_size >= 1 and max_len >= 1.")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"ModelConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}.")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
 

@@ -67,7 +67,7 @@ def _patch_flops(cfg: ModelConfig) -> float:
   return 2 * cfg.num_patches * cfg.patch_size ** 2 * cfg.num_channels * cfg.width
 
 
-def _head_flops(cfg: ModelConfig) -> float:
+def _head_flops(cfg: ModelConfig, objective) -> float:
   return _patch_flops(cfg) + 2 * cfg.width * cfg.num_classes * (2 if cfg.distill_token else 1)
 
 

@@ -36,7 +36,8 @@ class Family:
     causal: attention sees only earlier positions (decoders).
     embedding_params: top-level parameter names left out of non-embedding counts (the 6N convention).
     positions: ``ModelConfig -> int``, the positions the transformer stack processes per example.
-    head_flops: ``ModelConfig -> float``, forward matmul FLOPs per example outside the blocks.
+    head_flops: ``(ModelConfig, objective) -> float``, forward matmul FLOPs per example outside the blocks, as the
+      train step computes them (``objective``: the ``ObjectiveConfig``, e.g. how many positions BERT predicts).
     embed_flops: ``ModelConfig -> float``, the share of ``head_flops`` below the blocks (DeiT's patch projection);
       the rest is the output head, above them.
     block_flops: ``ModelConfig -> float``, forward matmul FLOPs per example of one block; None: the shared core's
@@ -46,6 +47,8 @@ class Family:
     validate: ``ModelConfig -> None``, raises ValueError on a config the family cannot build (checked on creation).
     blocks: ``(ModelConfig, deterministic) -> nn.Module`` whose parameters are ``{"layers": ...}``, called as
       ``(x_BxTxD, mask_BxT=None)``: the stacked blocks alone (``models.parts``); None: the shared core's ``Blocks``.
+    output_embedding: text families: ``params -> (embedding_VxD, bias_V or None)``, the vocabulary layer that the
+      model's ``features=True`` output feeds (the losses apply it themselves, in chunks for large vocabularies).
   """
 
   name: str
@@ -57,7 +60,7 @@ class Family:
   tied_embedding: bool | Callable[[Any], bool]
   ln_eps: float
   positions: Callable[[Any], int]
-  head_flops: Callable[[Any], float]
+  head_flops: Callable[[Any, Any], float]
   gelu_tanh: bool = False
   scaled_residual_init: bool = False
   causal: bool = False
@@ -67,6 +70,7 @@ class Family:
   own_fields: tuple[str, ...] = ()
   validate: Callable[[Any], None] | None = None
   blocks: Callable[[Any, bool], Any] | None = None
+  output_embedding: Callable[[Any], tuple] | None = None
 
   def __post_init__(self):
     if self.modality not in MODALITIES:

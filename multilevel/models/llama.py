@@ -124,7 +124,7 @@ class Llama(nn.Module):
   part: str = "all"
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, features: bool = False):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="embed")
     if self.part != "head":
@@ -135,6 +135,10 @@ class Llama(nn.Module):
         return x_BxTxD
       x = llama_stack(cfg, not train)(x_BxTxD)
     x_BxTxD = rms_norm(cfg, "norm_final")(x).astype(jnp.float32)
+    if features:  # What the vocabulary layer reads (the losses apply it themselves: ``_output_embedding``).
+      if not cfg.tie_embeddings and self.is_initializing():
+        nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, kernel_init=dense_init(), name="lm_head")(x_BxTxD)
+      return x_BxTxD
     if cfg.tie_embeddings:
       return embed.attend(x_BxTxD)
     return nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, kernel_init=dense_init(), name="lm_head")(
@@ -161,6 +165,13 @@ LLAMA_AXES = {
 }
 
 
+def _output_embedding(params):
+  """The vocabulary layer as ``(embedding_VxD, None)``: the tied embedding, or the untied head's kernel transposed."""
+  if "lm_head" in params:
+    return params["lm_head"]["kernel"].T, None
+  return params["embed"]["embedding"], None
+
+
 def _validate(cfg: ModelConfig) -> None:
   if cfg.head_dim % 2:
     raise ValueError(f"LLaMA's rotary embedding rotates pairs of channels: head_dim must be even, got {cfg.head_dim}.")
@@ -179,6 +190,6 @@ def _block_flops(cfg: ModelConfig) -> float:
 
 LLAMA = register(Family(
     "llama", Llama, LLAMA_AXES, modality="text", objective="clm", pre_ln=True,
-    tied_embedding=lambda cfg: cfg.tie_embeddings, ln_eps=1e-5, positions=positions, head_flops=lm_head_flops,
-    block_flops=_block_flops, embedding_params=("embed",), own_fields=("num_kv_heads", "rope_base", "tie_embeddings"),
-    validate=_validate, causal=True, blocks=LlamaBlocks))
+    tied_embedding=lambda cfg: cfg.tie_embeddings, ln_eps=1e-5, positions=positions,
+    head_flops=lambda cfg, objective: lm_head_flops(cfg), block_flops=_block_flops, embedding_params=("embed",), own_fields=("num_kv_heads", "rope_base", "tie_embeddings"),
+    validate=_validate, causal=True, blocks=LlamaBlocks, output_embedding=_output_embedding))

@@ -14,6 +14,9 @@ from multilevel.models.family import family_of
 from multilevel.models.transformer import Blocks
 
 
+_HEAD_ONLY = ("mask_BxT", "positions_BxP", "features")  # Keywords the embedding does not take.
+
+
 def outer(params) -> dict:
   """Every parameter but the stacked blocks (embeddings and head)."""
   return {k: v for k, v in params.items() if k != "layers"}
@@ -21,7 +24,7 @@ def outer(params) -> dict:
 
 def embed(cfg: ModelConfig, outer_params, *inputs, train: bool = False, rngs=None, **kw):
   """The residual stream entering the blocks."""
-  kw = {k: v for k, v in kw.items() if k != "mask_BxT"}
+  kw = {k: v for k, v in kw.items() if k not in _HEAD_ONLY}
   return family_of(cfg).module(cfg, part="embed").apply({"params": outer_params}, *inputs, train=train, rngs=rngs,
                                                        **kw)
 
@@ -35,9 +38,11 @@ def blocks(cfg: ModelConfig, layers, x_BxTxD, mask_BxT=None, *, train: bool = Fa
   return module.apply({"params": {"layers": layers}}, x_BxTxD, mask_BxT, rngs=rngs)
 
 
-def head(cfg: ModelConfig, outer_params, x_BxTxD, *, train: bool = False, rngs=None):
-  """Logits from the stream leaving the blocks."""
-  return family_of(cfg).module(cfg, part="head").apply({"params": outer_params}, x_BxTxD, train=train, rngs=rngs)
+def head(cfg: ModelConfig, outer_params, x_BxTxD, *, train: bool = False, rngs=None, **kw):
+  """Logits from the stream leaving the blocks (``kw``: the head's own options, e.g. BERT's ``positions_BxP``,
+  ``features``)."""
+  return family_of(cfg).module(cfg, part="head").apply({"params": outer_params}, x_BxTxD, train=train, rngs=rngs,
+                                                      **kw)
 
 
 def apply_in_parts(cfg: ModelConfig, outer_params, slices, *inputs, frozen: int = 0, train: bool = False, rngs=None,
@@ -58,4 +63,5 @@ def apply_in_parts(cfg: ModelConfig, outer_params, slices, *inputs, frozen: int 
     x = blocks(cfg, layers, x, mask, train=train, rngs=slice_rngs)
   if frozen >= len(slices):
     x = jax.lax.stop_gradient(x)
-  return head(cfg, outer_params, x, train=train, rngs=rngs)
+  head_kw = {k: v for k, v in kw.items() if k in _HEAD_ONLY and k != "mask_BxT"}
+  return head(cfg, outer_params, x, train=train, rngs=rngs, **head_kw)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from multilevel.models import axes as A
+from multilevel.models.attention import attend
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import family_of
 
@@ -56,6 +57,17 @@ def check_images(cfg: ModelConfig, images_BxHxWxC, model: str = "The model") -> 
                      f"{tuple(images_BxHxWxC.shape)}; resize the images or build the model for their size.")
 
 
+def vocab_logits(h_BxNxD, embedding_VxD, bias_V=None, dtype=jnp.float32):
+  """Logits of a tied vocabulary layer: ``h @ embedding.T (+ bias)``, inputs in ``dtype``, accumulated and returned
+  in float32. The one definition shared by the models' full logits and the losses (chunked or not), so both compute
+  the same numbers."""
+  logits_BxNxV = jnp.einsum("...d,vd->...v", h_BxNxD.astype(dtype), embedding_VxD.astype(dtype),
+                            preferred_element_type=jnp.float32)
+  if bias_V is None:
+    return logits_BxNxV
+  return logits_BxNxV + bias_V.astype(jnp.float32).reshape((1,) * (logits_BxNxV.ndim - 1) + (-1,))
+
+
 def layer_norm_axes(name: str) -> dict:
   """Axis roles of a LayerNorm named ``name`` on the hidden width (for a family's table)."""
   return {f"{name}/scale": (A.HIDDEN_OUT,), f"{name}/bias": (A.HIDDEN_OUT,)}
@@ -75,18 +87,13 @@ class Attention(nn.Module):
     q_BxTxHxK = proj("query")(x_BxTxD)
     k_BxTxHxK = proj("key")(x_BxTxD)
     v_BxTxHxK = proj("value")(x_BxTxD)
-    logits_BxHxTxT = jnp.einsum("bqhk,bthk->bhqt", q_BxTxHxK, k_BxTxHxK).astype(jnp.float32)
-    logits_BxHxTxT = logits_BxHxTxT / math.sqrt(cfg.head_dim)
-    t = x_BxTxD.shape[1]
-    allowed = jnp.ones((1, 1, t, t), bool)
-    if self.causal:
-      allowed = jnp.tril(allowed)
-    if mask_BxT is not None:
-      allowed = allowed & mask_BxT[:, None, None, :].astype(bool)
-    logits_BxHxTxT = jnp.where(allowed, logits_BxHxTxT, jnp.finfo(jnp.float32).min)
-    probs_BxHxTxT = jax.nn.softmax(logits_BxHxTxT, axis=-1).astype(dt)
-    probs_BxHxTxT = nn.Dropout(cfg.dropout)(probs_BxHxTxT, deterministic=self.deterministic)
-    y_BxTxHxK = jnp.einsum("bhqt,bthk->bqhk", probs_BxHxTxT, v_BxTxHxK)
+    # Attention-probability dropout needs the materialised probabilities (the explicit path); otherwise the fused
+    # jax.nn.dot_product_attention (cuDNN's flash kernel on GPUs).
+    drop = None
+    if cfg.dropout > 0 and not self.deterministic:
+      drop = lambda probs: nn.Dropout(cfg.dropout)(probs, deterministic=False)
+    y_BxTxHxK = attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, causal=self.causal, mask_BxS=mask_BxT,
+                       implementation=cfg.attention, dropout=drop)
     return nn.DenseGeneral(cfg.width, axis=(-2, -1), dtype=dt, kernel_init=dense_init(self.out_std), name="out")(
         y_BxTxHxK)
 

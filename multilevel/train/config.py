@@ -29,6 +29,7 @@ class TrainConfig:
   mlm_prob: float = 0.15
   label_smoothing: float = 0.1
   mixup_alpha: float = 0.0
+  max_logits: int = 1 << 25  # Text: the loss runs in chunks of about this many (tokens x vocab) logits; 0 = never.
   log_every: int = 10
   eval_every: int = 50  # 0: evaluate only at the end of each stage.
 
@@ -37,7 +38,7 @@ class TrainConfig:
     for name in ("steps", "batch_size", "grad_accum", "log_every"):
       if getattr(self, name) < 1:
         raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}.")
-    for name in ("num_devices", "eval_every", "weight_decay", "grad_clip", "mixup_alpha"):
+    for name in ("num_devices", "eval_every", "weight_decay", "grad_clip", "mixup_alpha", "max_logits"):
       if getattr(self, name) < 0:
         raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}.")
     if not self.lr > 0:

@@ -109,10 +109,11 @@ def train_step_fn(sc: StepConfig, tx: optax.GradientTransformation, schedule: op
   def step(state: TrainState, batch, global_step):
     trainable, frozen = view.split(state.params)
     apply = functools.partial(view.apply, step=global_step) if view.uses_step else view.apply
+    vocab = functools.partial(view.vocab_layer, sc.model)
 
     def grads_of(t, micro, rng):
       def f(p):
-        aux = loss_fn(sc.model, sc.objective, view.merge(p, frozen), micro, rng, True, apply=apply)
+        aux = loss_fn(sc.model, sc.objective, view.merge(p, frozen), micro, rng, True, apply=apply, vocab=vocab)
         return aux["loss_sum"] / jnp.maximum(aux["count"], 1.0), aux
       (_, aux), g = jax.value_and_grad(f, has_aux=True)(t)
       return g, aux
@@ -157,7 +158,8 @@ def eval_sums_fn(sc: StepConfig):
   def ev(params, batch, index, step=None):
     rng = jax.random.fold_in(jax.random.key(sc.seed + 1_000_003), index)
     apply = sc.view.apply if step is None else functools.partial(sc.view.apply, step=step)
-    return loss_fn(sc.model, sc.objective, params, batch, rng, False, apply=apply)
+    return loss_fn(sc.model, sc.objective, params, batch, rng, False, apply=apply,
+                   vocab=functools.partial(sc.view.vocab_layer, sc.model))
 
   return ev
 

@@ -10,7 +10,7 @@ steps (``StepConfig.view``):
 - ``split(vparams) -> (trainable, frozen)`` and ``merge(trainable, frozen)``: what the optimizer sees;
 - ``apply(cfg, vparams, *inputs, **kw) -> logits``: the objectives' forward pass;
 - ``from_model(cfg, params)`` / ``to_model(cfg, vparams)``: to and from the plain parameter tree of ``cfg``;
-- ``train_flops_per_step(cfg, batch)``: what a step computes, for the FLOPs accounting;
+- ``train_flops_per_step(cfg, batch, objective)``: what a step computes, for the FLOPs accounting;
 - ``uses_step``: ``apply`` takes the global step as the keyword ``step`` (MSG's masks ramp with it); the train step
   passes its global step and the evaluation the driver's current one. Views without it never see the step.
 
@@ -27,6 +27,7 @@ import jax
 from multilevel import models as M
 from multilevel.models import parts
 from multilevel.train.flops import forward_flops_per_example, train_flops_per_step
+from multilevel.train.objectives import ObjectiveConfig
 from multilevel.train.sharding import param_shardings
 
 
@@ -61,8 +62,13 @@ class View:
   def apply(self, cfg, vparams, *inputs, **kw):
     return M.apply(cfg, vparams, *inputs, **kw)
 
-  def train_flops_per_step(self, cfg, global_batch: int) -> float:
-    return train_flops_per_step(cfg, global_batch)
+  def vocab_layer(self, cfg, vparams):
+    """Text families: the vocabulary layer ``(embedding_VxD, bias_V or None)`` that ``apply(..., features=True)``
+    feeds (the losses apply it themselves); by default the family's, read off ``to_model``."""
+    return M.family_of(cfg).output_embedding(self.to_model(cfg, vparams))
+
+  def train_flops_per_step(self, cfg, global_batch: int, objective=None) -> float:
+    return train_flops_per_step(cfg, global_batch, objective)
 
 
 FULL = View()
@@ -142,10 +148,11 @@ class FrozenBottom(View):
     outer = {n: v for part in (f, t) for n, v in part.items() if n != "layers"}
     return parts.apply_in_parts(cfg, outer, [f["layers"], t["layers"]], *inputs, frozen=1, **kw)
 
-  def train_flops_per_step(self, cfg, global_batch: int) -> float:
+  def train_flops_per_step(self, cfg, global_batch: int, objective=None) -> float:
     """Forward through everything; backward (twice the forward) through the trained layers and the head only."""
     fam, n = M.family_of(cfg), cfg.num_layers
-    forward = forward_flops_per_example(cfg)
-    per_layer = (forward - fam.head_flops(cfg)) / n
-    trained = (n - self.frozen_layers) * per_layer + fam.head_flops(cfg) - fam.embed_flops(cfg)
+    forward = forward_flops_per_example(cfg, objective)
+    head = fam.head_flops(cfg, objective or ObjectiveConfig())
+    per_layer = (forward - head) / n
+    trained = (n - self.frozen_layers) * per_layer + head - fam.embed_flops(cfg)
     return float((forward + 2.0 * trained) * global_batch)
