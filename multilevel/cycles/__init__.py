@@ -2,10 +2,10 @@
 
 A method is a plan builder plus its transitions (``plan.Method``), registered by name (``cycle.method``); the
 V-cycle (``vcycle.py``; scratch is its one-level plan) is the first; ``stack.py`` (G_stack, StackBERT) and ``mslt.py``
-(MSLT) and ``ligo.py`` (LiGO) follow. ``driver.train_and_evaluate`` runs any of them.
+(MSLT), ``ligo.py`` (LiGO) and ``core.py`` (CoRe) follow. ``driver.train_and_evaluate`` runs any of them.
 """
 
-from multilevel.cycles import ligo, mslt, stack, vcycle  # noqa: F401  (each registers its methods)
+from multilevel.cycles import core, ligo, mslt, stack, vcycle  # noqa: F401  (each registers its methods)
 from multilevel.cycles.plan import METHODS, Method, Plan, Stage, Transition, method_of, register_method
 from multilevel.cycles.vcycle import FINAL_SCHEDULES, OPT_POLICIES, CycleConfig, build_plan
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from multilevel import models as M
 from multilevel import operators as O
+from multilevel.cycles.core import CoreConfig
 from multilevel.cycles.ligo import LigoConfig
 from multilevel.cycles.mslt import MsltConfig
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
@@ -76,6 +77,7 @@ class CycleConfig:
   stackbert: StackBertConfig = StackBertConfig()
   mslt: MsltConfig = MsltConfig()
   ligo: LigoConfig = LigoConfig()
+  core: CoreConfig = CoreConfig()
 
   def __post_init__(self):
     check_fields(self, "cycle")
