@@ -79,9 +79,14 @@ def test_linear_attention_equals_its_quadratic_form(causal):
   q, k, v = (jnp.asarray(rng.standard_normal((2, 13, 3, 4)), jnp.float32) for _ in range(3))
   mask = None if causal else jnp.asarray(np.arange(13)[None] < np.array([[13], [9]]))
   want = _quadratic_reference(q, k, v, causal, mask)
+  loss = lambda f: lambda *qkv: jnp.sum(jnp.sin(f(*qkv)))
+  want_grads = jax.grad(loss(lambda *a: _quadratic_reference(*a, causal, mask)), argnums=(0, 1, 2))(q, k, v)
   for chunk in (1, 4, 13, 64):  # Chunks that divide the length, leave a remainder, or cover it.
-    got = R.linear_attention(q, k, v, causal=causal, mask_BxT=mask, chunk=chunk)
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=f"chunk={chunk}")
+    attend = lambda *a: R.linear_attention(*a, causal=causal, mask_BxT=mask, chunk=chunk)
+    np.testing.assert_allclose(attend(q, k, v), want, rtol=2e-6, atol=2e-6, err_msg=f"chunk={chunk}")
+    grads = jax.grad(loss(attend), argnums=(0, 1, 2))(q, k, v)  # Finite, padding included, and the same.
+    for g, w in zip(grads, want_grads):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"chunk={chunk}")
 
 
 def test_linear_attention_is_causal_for_gpt_and_blind_to_padding_for_bert():

@@ -56,7 +56,9 @@ def _chunking(t: int, chunk: int) -> tuple[int, int]:
 
 def linear_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, causal: bool, mask_BxT=None, chunk: int = 64):
   """phi-kernel attention of float32 q, k, v (batch, length, heads, head_dim) -> (batch, length, heads, head_dim)."""
-  tiny = jnp.finfo(jnp.float32).tiny  # Only a query that sees no key at all (a fully padded row) divides 0 by it.
+  # A query that sees no key (a fully padded row, or the causal padding below) has 0 / 0: divide by 1 there instead,
+  # so that its output is 0 and its gradient finite (a division by a tiny number would overflow in the backward).
+  safe = lambda den: jnp.where(den > 0, den, 1.0)
   fq, fk, v = phi(q_BxTxHxK), phi(k_BxTxHxK), v_BxTxHxK
   if mask_BxT is not None:
     fk = fk * mask_BxT[:, :, None, None].astype(fk.dtype)
@@ -65,7 +67,7 @@ def linear_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, causal: bool, mask_BxT=
     z_BxHxK = jnp.sum(fk, axis=1)
     num = jnp.einsum("bqhk,bhkv->bqhv", fq, kv_BxHxKxK)
     den = jnp.einsum("bqhk,bhk->bqh", fq, z_BxHxK)
-    return num / jnp.maximum(den, tiny)[..., None]
+    return num / safe(den)[..., None]
   b, t, h, kd = fq.shape
   c, n = _chunking(t, chunk)
   # Padding goes after the last position: no real query ever sees it (causal), and its rows are cut off.
@@ -84,7 +86,7 @@ def linear_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, causal: bool, mask_BxT=
   z_BxNxHxK = jnp.einsum("mn,bnhk->bmhk", before, z_BxNxHxK)
   num = num + jnp.einsum("bnqhk,bnhkv->bnqhv", fq, kv_BxNxHxKxK)
   den = den + jnp.einsum("bnqhk,bnhk->bnqh", fq, z_BxNxHxK)
-  y = num / jnp.maximum(den, tiny)[..., None]
+  y = num / safe(den)[..., None]
   return y.reshape(b, n * c, h, kd)[:, :t]
 
 
