@@ -7,8 +7,8 @@ abstract is not public and it has no code, so every detail below is our choice (
 - **Fast attention**: linear attention with phi(x) = elu(x) + 1 on the full model's own query/key/value/out
   projections (causal by chunked prefix sums for GPT, a padding mask for BERT, bidirectional for DeiT). The
   attention parameters therefore map back unchanged; phase two switches to softmax attention on the same weights.
-  That switch does not preserve the function: the loss jumps at the hand-over (logged as ``after_transform``
-  against the relaxed stage's ``end_of_stage`` evaluation).
+  That switch does not preserve the function; its effect on the loss is the ``after_transform`` evaluation against
+  the relaxed stage's ``end_of_stage`` one (the FFN transform itself is exact).
 - **FFN**: both matrices of every block factored, W = U V at rank ``rank`` (default width / 4). The transform
   multiplies the factors out, so the full FFN computes what the relaxed one did (exact up to float rounding; the
   test compares logits with linear attention on both sides). Phase one starts from the closest rank-r matrices to
@@ -147,4 +147,4 @@ def core_transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
 
 
 CORE = register_method(Method("core", core_plan, core_transition,
-                              "CoRe: a relaxed model (linear attention, low-rank FFN), then transformed and retrained."))
+                              "CoRe: a relaxed model (linear attention, low-rank FFN), transformed and retrained."))
