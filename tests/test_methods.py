@@ -1,4 +1,4 @@
-"""The growth methods beside the V-cycle (G_stack, StackBERT, MSLT): each one's defining property, its plan and its
+"""The growth methods beside the V-cycle (G_stack, StackBERT, MSLT, LiGO; CoRe's own tests are in test_core.py): each one's defining property, its plan and its
 refusals, and end-to-end runs through the driver that evaluate around every transition and resume bit for bit."""
 
 import json
@@ -222,6 +222,7 @@ CASES = {  # One family per method keeps the suite short; the unit tests above c
     "mslt": ("gpt", {"cycle.mslt.stages": 2}),
     "ligo": ("gpt", {"cycle.ligo.operator_steps": 5, "cycle.ligo.depth_factor": 1}),
     "msg": ("bert", {"cycle.msg.order": ("layers", "heads")}),  # Both mask paths: the layer ramp, the width masks.
+    "core": ("gpt", {"cycle.core.chunk": 8}),  # Causal linear attention over 4 chunks of the 31 positions.
 }
 
 

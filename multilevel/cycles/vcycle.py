@@ -25,6 +25,7 @@ from typing import Any
 
 from multilevel import models as M
 from multilevel import operators as O
+from multilevel.cycles.core import CoreConfig
 from multilevel.cycles.ligo import LigoConfig
 from multilevel.cycles.mslt import MsltConfig
 from multilevel.cycles.msg import MsgConfig
@@ -78,6 +79,7 @@ class CycleConfig:
   mslt: MsltConfig = MsltConfig()
   ligo: LigoConfig = LigoConfig()
   msg: MsgConfig = MsgConfig()
+  core: CoreConfig = CoreConfig()
 
   def __post_init__(self):
     check_fields(self, "cycle")

@@ -14,7 +14,8 @@ from multilevel.models.family import family_of
 from multilevel.models.transformer import Blocks
 
 
-_HEAD_ONLY = ("mask_BxT", "positions_BxP", "features")  # Keywords the embedding does not take.
+HEAD_OPTIONS = ("positions_BxP", "features")  # The head's own keywords (BERT's predicted positions, features).
+_NOT_EMBED = ("mask_BxT",) + HEAD_OPTIONS  # Keywords the embedding does not take.
 
 
 def outer(params) -> dict:
@@ -24,7 +25,7 @@ def outer(params) -> dict:
 
 def embed(cfg: ModelConfig, outer_params, *inputs, train: bool = False, rngs=None, **kw):
   """The residual stream entering the blocks."""
-  kw = {k: v for k, v in kw.items() if k not in _HEAD_ONLY}
+  kw = {k: v for k, v in kw.items() if k not in _NOT_EMBED}
   return family_of(cfg).module(cfg, part="embed").apply({"params": outer_params}, *inputs, train=train, rngs=rngs,
                                                        **kw)
 
@@ -63,5 +64,5 @@ def apply_in_parts(cfg: ModelConfig, outer_params, slices, *inputs, frozen: int 
     x = blocks(cfg, layers, x, mask, train=train, rngs=slice_rngs)
   if frozen >= len(slices):
     x = jax.lax.stop_gradient(x)
-  head_kw = {k: v for k, v in kw.items() if k in _HEAD_ONLY and k != "mask_BxT"}
+  head_kw = {k: v for k, v in kw.items() if k in HEAD_OPTIONS}
   return head(cfg, outer_params, x, train=train, rngs=rngs, **head_kw)
