@@ -218,7 +218,8 @@ def _layer_ramp_apply(cfg, old: ModelConfig, params, c, *inputs, train=False, rn
   for j in range(n, cfg.num_layers):
     y = parts.blocks(cfg, cut(j, j + 1), x, mask, train=train, rngs=fold(1 + j - n))
     x = c * y + (1.0 - c) * x
-  return parts.head(cfg, outer, x, train=train, rngs=rngs)
+  head_kw = {k: v for k, v in kw.items() if k in parts.HEAD_OPTIONS}  # The losses' features, BERT's positions.
+  return parts.head(cfg, outer, x, train=train, rngs=rngs, **head_kw)
 
 
 @dataclasses.dataclass(frozen=True)
