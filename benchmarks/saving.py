@@ -69,6 +69,8 @@ METHODS = {
     # 20 operator steps: LiGO's 100 are 0.025% of its 400k-step runs; 20 are 1.4-10% of these budgets.
     "ligo": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20},
     "ligo_depth": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20, "cycle.ligo.width_factor": 1},
+    "msg": {"cycle.method": "msg"},
+    "core": {"cycle.method": "core"},
 }
 VARIANTS.update(METHODS)
 
