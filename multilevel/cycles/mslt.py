@@ -28,8 +28,7 @@ import dataclasses
 
 from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
-                                    scratch_schedules, split_steps)
-from multilevel.train.optim import LrSchedule
+                                    split_steps, stage_schedules)
 from multilevel.train.views import FULL, FrozenBottom
 from multilevel.typed_config import ConfigError, check_fields, section_from
 
@@ -81,13 +80,7 @@ def mslt_plan(model, cycle, train) -> Plan:
   fracs = [growth] * k + ([opts.final_frac] if has_final else [])
   names = [f"stage {i} (1 - cycle.mslt.final_frac) / stages" for i in range(k)] + ["cycle.mslt.final_frac"]
   steps = split_steps(train.steps, fracs, names)
-  if opts.lr_schedule == "continuous":
-    try:
-      schedules = scratch_schedules(train, steps)
-    except ValueError as e:
-      raise ConfigError(f"cycle.mslt.lr_schedule='continuous': {e}") from None
-  else:
-    schedules = tuple(LrSchedule(train.lr, n, round(train.warmup_frac * n), train.decay) for n in steps)
+  schedules = stage_schedules(train, steps, opts.lr_schedule, "cycle.mslt.lr_schedule")
   stages = [Stage(0, k - 1, "bottom", "init", steps[0], optim_for(schedules[0], train))]
   for i in range(1, k):
     stages.append(Stage(i, k - 1 - i, "frozen", "add_top", steps[i], optim_for(schedules[i], train),

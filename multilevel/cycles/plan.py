@@ -165,6 +165,18 @@ def scratch_schedules(train, steps: tuple[int, ...], peak: float | None = None) 
   return tuple(out)
 
 
+def stage_schedules(train, steps: tuple[int, ...], mode: str, key: str) -> tuple[LrSchedule, ...]:
+  """One schedule per stage: ``mode='continuous'`` cuts scratch's curve into the stages (``scratch_schedules``),
+  ``'restart'`` gives each stage its own warm-up and decay; ``key`` names the option in errors."""
+  if mode == "continuous":
+    try:
+      return scratch_schedules(train, steps)
+    except ValueError as e:
+      from multilevel.typed_config import ConfigError
+      raise ConfigError(f"{key}='continuous': {e}") from None
+  return tuple(LrSchedule(train.lr, n, round(train.warmup_frac * n), train.decay) for n in steps)
+
+
 def fresh_optimizer(dst: Stage) -> tuple[str, Callable[[dict], dict]]:
   """The transition part that gives ``dst`` a fresh optimizer state over its view's trainable parameters."""
   return ("optimizer", lambda c: {"opt_state": dst.optim.build().init(dst.view.split(c["params"])[0])})

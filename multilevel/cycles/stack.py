@@ -26,7 +26,7 @@ import dataclasses
 
 from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
-                                    scratch_schedules, split_steps)
+                                    split_steps, stage_schedules)
 from multilevel.train.optim import LrSchedule
 from multilevel.typed_config import ConfigError, check_fields, section_from
 
@@ -114,13 +114,7 @@ def stackbert_plan(model, cycle, train) -> Plan:
   total = sum(float(f) for f in opts.fracs)
   steps = split_steps(train.steps, [float(f) / total for f in opts.fracs],
                       [f"cycle.stackbert.fracs[{i}]" for i in range(k)])
-  if opts.lr_schedule == "continuous":
-    try:
-      schedules = scratch_schedules(train, steps)
-    except ValueError as e:
-      raise ConfigError(f"cycle.stackbert.lr_schedule='continuous': {e}") from None
-  else:
-    schedules = tuple(LrSchedule(train.lr, n, round(train.warmup_frac * n), train.decay) for n in steps)
+  schedules = stage_schedules(train, steps, opts.lr_schedule, "cycle.stackbert.lr_schedule")
   stages = tuple(Stage(i, k - 1 - i, "small" if i == 0 else "stacked", "init" if i == 0 else "stack", steps[i],
                        optim_for(schedules[i], train)) for i in range(k))
   # maps[j]: from level j (deeper) to level j + 1 (half as deep), as the operators define a level map.
