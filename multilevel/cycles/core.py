@@ -36,7 +36,7 @@ from multilevel.models import relaxed as R
 from multilevel.train.optim import LrSchedule
 from multilevel.train.sharding import param_shardings, param_spec
 from multilevel.train.views import View
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +119,6 @@ class RelaxedView(View):
 
 
 def core_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: CoreConfig = cycle.core
   rank = resolve_rank(model, opts.rank)
   n_relaxed, n_full = split_steps(train.steps, (opts.relaxed_frac, 1 - opts.relaxed_frac),

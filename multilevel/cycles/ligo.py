@@ -40,7 +40,7 @@ from multilevel.train.optim import LrSchedule
 from multilevel.train.sharding import param_shardings, replicated
 from multilevel.train.views import View
 from multilevel.tree import flatten, unflatten
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +192,6 @@ class LigoView(View):
 # ---------------------------------------------------------------------------------------------- the method
 
 def ligo_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: LigoConfig = cycle.ligo
   try:
     m = O.make_mapping(model, width_factor=opts.width_factor, depth_factor=opts.depth_factor, depth_mode="stride",

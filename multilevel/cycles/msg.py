@@ -51,7 +51,7 @@ from multilevel.models.transformer import Attention, Mlp
 from multilevel.train.optim import LrSchedule, carry_moments
 from multilevel.train.views import FULL, View
 from multilevel.tree import flatten, unflatten
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, check_fields
 
 KINDS = ("ffn", "layers", "heads")
 NEW_LAYERS = ("copy", "random")
@@ -303,9 +303,6 @@ def rewind_schedules(train, steps: tuple[int, ...], rewinds: tuple[int, ...]) ->
 
 
 def msg_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: MsgConfig = cycle.msg
   sizes, total = model_sizes(model, opts), train.steps
   events, ramp = event_steps(opts, total), ramp_length(opts, total)

@@ -30,7 +30,7 @@ from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
 from multilevel.train.views import FULL, FrozenBottom
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, check_fields
 
 LR_SCHEDULES = ("continuous", "restart")
 
@@ -64,9 +64,6 @@ def top_copy_map(big, new_layers: int):
 
 
 def mslt_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: MsltConfig = cycle.mslt
   k = opts.stages
   if model.num_layers % k:

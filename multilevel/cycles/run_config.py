@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from multilevel.checkpoint import CheckpointConfig
-from multilevel.cycles.vcycle import CycleConfig
+from multilevel.cycles.config import CycleConfig
 from multilevel.models import ModelConfig, family_of
 from multilevel.train.config import TrainConfig
 from multilevel.train.objectives import ObjectiveConfig

@@ -28,7 +28,7 @@ from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
 from multilevel.train.optim import LrSchedule
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, check_fields
 
 LR_SCHEDULES = ("continuous", "restart")
 
@@ -86,9 +86,6 @@ def _depth_divisible(model, factor: int, what: str) -> None:
 
 
 def gstack_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig  # The cycle section names every method's options.
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: GStackConfig = cycle.gstack
   _depth_divisible(model, opts.factor, f"cycle.gstack.factor={opts.factor}")
   small = model.replace(num_layers=model.num_layers // opts.factor)
@@ -103,9 +100,6 @@ def gstack_plan(model, cycle, train) -> Plan:
 
 
 def stackbert_plan(model, cycle, train) -> Plan:
-  from multilevel.cycles.vcycle import CycleConfig
-  from multilevel.train.config import TrainConfig
-  cycle, train = section_from(CycleConfig, cycle, "cycle"), section_from(TrainConfig, train, "train")
   opts: StackBertConfig = cycle.stackbert
   k = opts.stages
   _depth_divisible(model, 2 ** (k - 1), f"cycle.stackbert.stages={k} (doubling {k - 1} times)")

@@ -1,0 +1,91 @@
+"""The ``cycle`` section of a run config: which method, the V-cycle's knobs, and one sub-section per other method.
+
+Each method's file defines its own options (``stack.GStackConfig``, ``mslt.MsltConfig``, ...); this file only
+gathers them into the one typed section the driver reads, so the methods never import it (no import circle: the
+driver types the config, then calls ``Method.build_plan`` with typed sections). ``build_plan`` is the public entry:
+it types ``cycle`` and ``train`` (ConfigDicts or mappings are fine) and asks the chosen method for its plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from multilevel.cycles.core import CoreConfig
+from multilevel.cycles.ligo import LigoConfig
+from multilevel.cycles.msg import MsgConfig
+from multilevel.cycles.mslt import MsltConfig
+from multilevel.cycles.plan import Plan, method_of
+from multilevel.cycles.stack import GStackConfig, StackBertConfig
+from multilevel.models import ModelConfig
+from multilevel.operators.mapping import DEPTH_GROWTH, DEPTH_MODES
+from multilevel.train.config import TrainConfig
+from multilevel.typed_config import ConfigError, check_fields, section_from
+
+OPT_POLICIES = ("reset", "carry")
+FINAL_SCHEDULES = ("restart", "baseline_tail")
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleConfig:
+  """The ``cycle`` section: which method, the V-cycle's knobs, and a sub-section of options for each other method
+  (``cycle.gstack``, ``cycle.stackbert``, ``cycle.mslt``, ...). Each default lives here and nowhere else.
+
+  The defaults are what won in ``benchmarks/`` for the pre-LN families (README, "Does it save compute?"); the family
+  config files override them (BERT keeps the reference growth), and ``,reference`` after the size restores the
+  paper's protocol.
+  """
+
+  method: str = "vcycle"  # A registered method (multilevel.cycles.METHODS).
+  levels: int = 2  # 1 = plain training from scratch (the baseline).
+  width_factor: int = 2
+  depth_factor: int = 2
+  depth_mode: str = "adjacent"  # adjacent (paper) | stride (reference L6-H6.json)
+  width_schemes: Any = ""  # JSON (or a list): one width scheme per transition, e.g. "[[[0,2],[1,3]]]"; '' = halve.
+  depth_schemes: Any = ""
+  embed_factor: float = 0.0  # 0 = the group size (the reference's 2 for pairs).
+  preln_exact: bool = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2).
+  allow_unequal_width_groups: bool = False  # Width schemes whose groups differ in size (they change the function).
+  depth_growth: str = "zero"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN)
+  # Per level, target model first; cut to the number of levels used.
+  down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
+  small_frac: float = 0.5  # Steps at the smallest level.
+  up_fracs: tuple[float, ...] = (0.5, 0.25, 0.25)  # Steps at each level after growing back (level 0 = the end).
+  lr_scales: tuple[float, ...] = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
+  w_pre: float = 0.5  # Interpolation weight of the pre-coalescing model.
+  split_noise: float = 0.0  # >0: zero-sum noise on the grown copies' read side (keeps the function).
+  optimizer_policy: str = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
+  transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
+  final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
+  restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
+  # The other methods' options (each method's file defines its section).
+  gstack: GStackConfig = GStackConfig()
+  stackbert: StackBertConfig = StackBertConfig()
+  mslt: MsltConfig = MsltConfig()
+  ligo: LigoConfig = LigoConfig()
+  msg: MsgConfig = MsgConfig()
+  core: CoreConfig = CoreConfig()
+
+  def __post_init__(self):
+    check_fields(self, "cycle")
+    if self.levels < 1:
+      raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
+    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES),
+               ("depth_mode", DEPTH_MODES), ("depth_growth", DEPTH_GROWTH))
+    for name, allowed in choices:
+      if getattr(self, name) not in allowed:
+        raise ConfigError(f"cycle.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+    if not 0.0 <= self.w_pre <= 1.0:
+      raise ConfigError(f"cycle.w_pre (weight of the pre-coalescing model) must be in [0, 1], got {self.w_pre}.")
+    if not self.split_noise >= 0.0:
+      raise ConfigError(f"cycle.split_noise (relative noise that breaks the copies' symmetry after growth) must be "
+                        f">= 0, got {self.split_noise}; 0 turns it off.")
+    if not 0.0 <= self.transition_warmup_frac <= 1.0:
+      raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
+
+
+def build_plan(model: ModelConfig, cycle, train) -> Plan:
+  """The plan of ``cycle.method`` for target ``model``; ``cycle`` and ``train`` may be typed or ConfigDicts."""
+  cycle = section_from(CycleConfig, cycle, "cycle")
+  train = section_from(TrainConfig, train, "train")
+  return method_of(cycle.method).build_plan(model, cycle, train)
