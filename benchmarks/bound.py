@@ -1,0 +1,334 @@
+"""The lossless hand-over bound: what any growth method could save if its grown model then learned as scratch does.
+
+  # 1. Each smaller level's model trained alone from scratch, fully decayed, at several budgets (its frontier):
+  python -m benchmarks.bound --family=gpt --level=1 --budgets=200,400,800,1600,3200 --lr_scales=2,4 \
+      --workroot=/tmp/mlb-bound --out=benchmarks/results/bound_gpt_L1.json
+  # 2. The bound at each target budget, beside the methods' measured savings (a saving-benchmark summary):
+  python -m benchmarks.bound --family=gpt --levels_from=benchmarks/results/bound_gpt_L1.json \
+      --target=benchmarks/results/methods_gpt.json,benchmarks/results/methods_gpt_frontier.json \
+      --methods=benchmarks/results/methods_gpt_summary.json --plot=benchmarks/results/bound_gpt.png \
+      --summary=benchmarks/results/bound_gpt_summary.json
+
+With F_m(L) the FLOPs model m needs to reach eval loss L on its frontier (fully decayed scratch runs, log-linear
+between budgets), an ideal chain small -> ... -> big that hands over with no loss at all and then learns exactly as
+the next model's scratch run does from that loss costs, for two levels,
+
+  F_big(L_T) - max over L >= L_T of [F_big(L) - F_small(L)],
+
+and for more levels the same recursion on a grid of losses (``ideal_cost``). The saving is what that maximum is of
+F_big(L_T). A method that beats it has a grown model that learns faster than scratch after the hand-over; one at the
+bound loses nothing at the hand-over; where every method sits at or below the bound the fade is the physics of
+growth at this scale. It is a bound only under its assumption (after the hand-over the big model continues at its
+frontier's rate, which a real run that resumes from a decayed small model does not quite do); read it as the target
+a hand-over method is measured against, not as a theorem.
+
+Also reported: the envelope, the best *single* model at equal FLOPs (a smaller model trained longer), which a user
+who only wants the lowest loss for the compute would consider instead of the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from absl import app, flags, logging
+
+from benchmarks import cli, saving
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_enum("family", "gpt", ["gpt", "bert", "deit", "llama"], "Model family.", flag_values=fv)
+  flags.DEFINE_integer("level", 1, "Run scratch for this level of the default V-cycle plan (1 = the small model).",
+                       flag_values=fv)
+  flags.DEFINE_integer("levels", 2, "Levels of the plan the level is taken from (3 gives levels 1 and 2).",
+                       flag_values=fv)
+  flags.DEFINE_list("budgets", [], "Step budgets of the level's scratch runs (empty: only analyse).", flag_values=fv)
+  flags.DEFINE_list("lr_scales", ["4"], "Peak LRs of the level's runs, as multiples of the target's train.lr (the "
+                    "frontier keeps the best at each budget: a small sweep so no baseline is handicapped).",
+                    flag_values=fv)
+  flags.DEFINE_multi_string("set", [], "Extra override KEY=VALUE for every run, as in benchmarks.saving.",
+                            flag_values=fv)
+  flags.DEFINE_integer("evals", 10, "Evaluations per run.", flag_values=fv)
+  flags.DEFINE_string("workroot", "/tmp/multilevel-bound", "Where the runs' workdirs go.", flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON of the level's scratch runs (step 1).", flag_values=fv)
+  flags.DEFINE_list("levels_from", [], "Level-run JSONs (step 1's --out) to analyse.", flag_values=fv)
+  flags.DEFINE_list("target", [], "Saving-benchmark results whose scratch runs give the target's frontier.",
+                    flag_values=fv)
+  flags.DEFINE_string("methods", "", "A summary of benchmarks.analyze_saving: measured frontier savings to plot.",
+                      flag_values=fv)
+  flags.DEFINE_string("summary", "", "JSON with the bound at each target budget.", flag_values=fv)
+  flags.DEFINE_string("plot", "", "PNG: the frontiers, and bound against measured savings.", flag_values=fv)
+
+
+# ------------------------------------------------------------------------------------------------- the frontiers
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+  """A model's fully decayed scratch runs: ``points`` are (FLOPs, final eval loss), one per budget."""
+
+  name: str
+  points: tuple[tuple[float, float], ...]
+
+  def __post_init__(self):
+    pts = tuple(sorted((float(f), float(l)) for f, l in self.points))
+    if len(pts) < 2:
+      raise ValueError(f"Frontier {self.name!r} needs at least two budgets, got {len(pts)}.")
+    # The frontier is the lower envelope: a longer run that ends higher than a shorter one is not on it.
+    env, best = [], math.inf
+    for f, l in pts:
+      if l < best:
+        env.append((f, l))
+        best = l
+    object.__setattr__(self, "points", tuple(env))
+
+  @property
+  def loss_range(self) -> tuple[float, float]:
+    return self.points[-1][1], self.points[0][1]
+
+  def cost(self, loss: float) -> float | None:
+    """FLOPs at which the frontier reaches ``loss`` (log-linear between budgets); None outside its range."""
+    lo, hi = self.loss_range
+    if not lo <= loss <= hi:
+      return None
+    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
+      if l1 <= loss <= l0:
+        w = 0.0 if l0 == l1 else (l0 - loss) / (l0 - l1)
+        return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
+    return self.points[0][0] if len(self.points) == 1 else None
+
+
+def ideal_cost(chain: list[Frontier], target_loss: float, grid: int = 400) -> dict | None:
+  """The cheapest lossless hand-over chain ``chain[0] -> ... -> chain[-1]`` (smallest first, the target last) to
+  ``target_loss``; any model of the chain may be skipped. Returns ``{'flops', 'switch_losses'}`` (the loss at which
+  each hand-over happens, None for a skipped level) or None when the target's frontier does not reach the loss.
+
+  On a grid of losses L from the highest any frontier measures down to ``target_loss``: best[k](L) is the cheapest
+  way to have model k at loss L, min(F_k(L), min over L' >= L of best[j](L') + F_k(L) - F_k(L') for j < k)."""
+  big = chain[-1]
+  if big.cost(target_loss) is None:
+    return None
+  top = max(f.loss_range[1] for f in chain)
+  losses = [top - (top - target_loss) * i / (grid - 1) for i in range(grid)]  # Descending, ends at target_loss.
+  inf = math.inf
+  costs = [[f.cost(l) for l in losses] for f in chain]
+  best = [[inf] * grid for _ in chain]
+  back: list[list[tuple | None]] = [[None] * grid for _ in chain]
+  for k in range(len(chain)):
+    run_min = [inf] * len(chain)  # min over L' >= L of best[j](L') - F_k(L'), per j < k.
+    arg = [None] * len(chain)
+    for i in range(grid):
+      ck = costs[k][i]
+      for j in range(k):
+        if best[j][i] < inf and ck is not None and best[j][i] - ck < run_min[j]:
+          run_min[j], arg[j] = best[j][i] - ck, i
+      if ck is None:
+        continue
+      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
+      for j in range(k):
+        if run_min[j] < inf and run_min[j] + ck < best[k][i]:
+          best[k][i], back[k][i] = run_min[j] + ck, (j, arg[j])
+  k, i = len(chain) - 1, grid - 1
+  flops = best[k][i]
+  switches: list[float | None] = [None] * (len(chain) - 1)
+  while back[k][i] is not None:
+    j, i = back[k][i]
+    switches[j] = losses[i]
+    k = j
+  return {"flops": flops, "switch_losses": switches}
+
+
+def bound_at(chain: list[Frontier], target_loss: float) -> dict | None:
+  """The bound's saving at ``target_loss`` and where it hands over, plus the envelope (best single model)."""
+  full = chain[-1].cost(target_loss)
+  ideal = ideal_cost(chain, target_loss)
+  if full is None or ideal is None:
+    return None
+  singles = {f.name: f.cost(target_loss) for f in chain}
+  best_single = min((c, n) for n, c in singles.items() if c is not None)
+  return {"target_loss": target_loss, "target_flops": full, "ideal_flops": ideal["flops"],
+          "bound_saving": 1 - ideal["flops"] / full, "switch_losses": ideal["switch_losses"],
+          "switch_flops": [None if l is None else f.cost(l) for f, l in zip(chain, ideal["switch_losses"])],
+          "envelope_model": best_single[1], "envelope_saving": 1 - best_single[0] / full}
+
+
+# --------------------------------------------------------------------------------------------- the level's runs
+
+
+def level_overrides(family: str, level: int, levels: int, extra: dict) -> dict:
+  """``model.*`` overrides that make the benchmark's target config train level ``level`` of the default
+  ``levels``-level V-cycle plan, as its own model."""
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  c = saving.make_config(family, 100, {"cycle.levels": levels}, extra, 10)
+  target = model_config(c, None)
+  plan = build_plan(target, c.cycle, c.train)
+  if not 0 < level < len(plan.levels):
+    raise app.UsageError(f"--level={level}: the {levels}-level plan has levels 1..{len(plan.levels) - 1} below the "
+                         f"target; raise --levels.")
+  small = plan.levels[level]
+  return {f"model.{f.name}": getattr(small, f.name) for f in dataclasses.fields(small)
+          if getattr(small, f.name) != getattr(target, f.name)}
+
+
+def run_level(a) -> dict:
+  extra = cli.key_values(a.set)
+  model = level_overrides(a.family, a.level, a.levels, extra)
+  base_lr = float(saving.make_config(a.family, 100, {}, extra, 10).train.lr)
+  out = {"command": cli.command("benchmarks.bound"), "family": a.family, "level": a.level, "levels": a.levels,
+         "model": model, "base_lr": base_lr, "runs": []}
+  for scale in [float(s) for s in a.lr_scales]:
+    for steps in [int(b) for b in a.budgets]:
+      cfg = saving.make_config(a.family, steps, {**model, "cycle.levels": 1, "train.lr": base_lr * scale}, extra,
+                               a.evals)
+      workdir = os.path.join(a.workroot, f"{a.family}-L{a.level}-lr{scale:g}-{steps}")
+      s = saving.train(cfg, workdir)["summary"]
+      out["runs"].append({"steps": steps, "lr_scale": scale, "total_flops": s["total_flops"],
+                          "final_eval_loss": s["final_eval_loss"], "train_seconds": s["train_seconds"],
+                          "epochs": s.get("epochs")})
+      logging.info("level %d lr x%g T=%d: loss %.4f, %.3g FLOPs", a.level, scale, steps, s["final_eval_loss"],
+                   s["total_flops"])
+      if a.out:
+        _write(a.out, out)
+  return out
+
+
+def level_frontier(d: dict) -> Frontier:
+  """The level's frontier: at each budget the best of its learning rates."""
+  by_steps: dict[int, tuple[float, float]] = {}
+  for r in d["runs"]:
+    p = (r["total_flops"], r["final_eval_loss"])
+    if r["steps"] not in by_steps or p[1] < by_steps[r["steps"]][1]:
+      by_steps[r["steps"]] = p
+  return Frontier(f"L{d['level']}", tuple(by_steps.values()))
+
+
+def target_frontier(paths: list[str]) -> tuple[Frontier, list[dict]]:
+  budgets = []
+  for p in paths:
+    with open(p) as f:
+      budgets += json.load(f)["budgets"]
+  budgets.sort(key=lambda b: b["steps"])
+  pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
+  return Frontier("L0 (target)", pts), budgets
+
+
+def analyse(a) -> dict:
+  if not a.target:
+    raise app.UsageError("--target: give the saving-benchmark results whose scratch runs are the target's frontier.")
+  by_level: dict[int, dict] = {}
+  for p in a.levels_from:  # Files of the same level (e.g. one per learning rate) pool their runs.
+    with open(p) as f:
+      d = json.load(f)
+    if d["level"] in by_level:
+      if d["model"] != by_level[d["level"]]["model"]:
+        raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "
+                             f"{by_level[d['level']]['model']}; give one model per level.")
+      by_level[d["level"]]["runs"] += d["runs"]
+    else:
+      by_level[d["level"]] = d
+  if not by_level:
+    raise app.UsageError("--levels_from: give at least one level-run JSON (step 1's --out).")
+  levels = [by_level[k] for k in sorted(by_level, reverse=True)]  # Smallest model first.
+  big, budgets = target_frontier(a.target)
+  two = [level_frontier(d) for d in levels if d["level"] == 1] + [big]
+  chains = {"2-level": two}
+  if len(levels) > 1:
+    chains[f"{len(levels) + 1}-level"] = [level_frontier(d) for d in levels] + [big]
+  rows = []
+  for b in budgets:
+    row = {"steps": b["steps"], "tokens_per_param": b["tokens_per_param"], "scratch_loss":
+           b["scratch"]["final_eval_loss"]}
+    for name, chain in chains.items():
+      row[name] = bound_at(chain, b["scratch"]["final_eval_loss"])
+    rows.append(row)
+  measured = {}
+  if a.methods:
+    with open(a.methods) as f:
+      for b in json.load(f)["budgets"]:
+        for name, v in b["variants"].items():
+          if v.get("frontier_flops_saving") is not None:
+            measured.setdefault(name, []).append((b["tokens_per_param"], v["frontier_flops_saving"]))
+  out = {"family": a.family, "target_frontier": big.points,
+         "level_frontiers": {f.name: f.points for f in chains[max(chains, key=len)][:-1]},
+         "levels": [{k: d[k] for k in ("command", "level", "model", "base_lr")} for d in levels],
+         "budgets": rows, "measured": measured}
+  return out
+
+
+def table(d: dict) -> str:
+  names = [k for k in d["budgets"][0] if k.endswith("-level")]
+  head = "| T | tokens/param | scratch loss | " + " | ".join(
+      f"{n} bound (switch at loss; small's FLOPs)" for n in names) + " | best single model at equal loss |"
+  lines = [head, "|" + "---|" * (4 + len(names))]
+  for r in d["budgets"]:
+    cells = [str(r["steps"]), f"{r['tokens_per_param']:.1f}", f"{r['scratch_loss']:.3f}"]
+    env = "n/a"
+    for n in names:
+      b = r[n]
+      if b is None:
+        cells.append("outside the frontiers")
+        continue
+      sw = ", ".join("skip" if l is None else f"{l:.2f}" for l in b["switch_losses"])
+      fl = ", ".join("-" if f is None else f"{f:.2g}" for f in b["switch_flops"])
+      cells.append(f"{100 * b['bound_saving']:+.0f}% ({sw}; {fl})")
+      env = f"{b['envelope_model']}: {100 * b['envelope_saving']:+.0f}%"
+    cells.append(env)
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(d: dict, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(1, 2, figsize=(12, 4.6))
+  for name, pts in [("L0 (target)", d["target_frontier"])] + list(d["level_frontiers"].items()):
+    ax[0].plot(*zip(*pts), marker="o", label=name)
+  ax[0].set_xscale("log")
+  ax[0].set_xlabel("training FLOPs")
+  ax[0].set_ylabel("final eval loss (fully decayed scratch)")
+  ax[0].legend()
+  for n in [k for k in d["budgets"][0] if k.endswith("-level")]:
+    xs = [(r["tokens_per_param"], r[n]["bound_saving"]) for r in d["budgets"] if r[n] is not None]
+    if xs:
+      ax[1].plot(*zip(*xs), "k-" if n == "2-level" else "k--", lw=2, label=f"bound, {n}")
+  for name, xs in sorted(d["measured"].items()):
+    ax[1].plot(*zip(*sorted(xs)), marker="o", lw=0.8, label=name)
+  ax[1].axhline(0, color="gray", lw=0.8)
+  ax[1].set_xscale("log")
+  ax[1].set_xlabel("budget (tokens per parameter)")
+  ax[1].set_ylabel("FLOPs saved vs the target's scratch frontier")
+  ax[1].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def _write(path: str, obj: dict) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def main(argv):
+  del argv
+  a = cli.parse(define_flags)
+  if a.budgets:
+    run_level(a)
+  if a.levels_from or a.target:
+    d = analyse(a)
+    print(table(d))
+    if a.summary:
+      _write(a.summary, d)
+    if a.plot:
+      plot(d, a.plot)
+  elif not a.budgets:
+    raise app.UsageError("Nothing to do: give --budgets (run a level's scratch frontier) and/or --levels_from with "
+                         "--target (analyse).")
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)
