@@ -144,6 +144,9 @@ def test_llama3_rope_scaling_validation():
     l3.replace(rope_original_max_len=0)
   with pytest.raises(ValueError, match="rope_scaling='llama3' is a llama setting"):
     M.ModelConfig("gpt", rope_scaling="llama3")
+  from multilevel.models.llama import llama3_scaling
+  preset = M.preset("llama-3.2-1b")  # Llama 3.2 1B's config.json.
+  assert (preset.rope_base, llama3_scaling(preset)) == (5e5, (32.0, 1.0, 4.0, 8192))
 
 
 def test_llama3_frequencies_are_kept_blended_or_divided():
