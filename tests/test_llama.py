@@ -124,6 +124,58 @@ def test_config_validation():
   assert CFG.eps == 1e-5 and CFG.ffn_dim == 48 and CFG.kv_heads == 2
 
 
+LLAMA3 = dict(rope_scaling="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+              rope_original_max_len=64)
+
+
+def test_llama3_rope_scaling_validation():
+  with pytest.raises(ValueError, match="rope_scaling must be '' \\(plain RoPE\\) or 'llama3'.*yarn"):
+    CFG.replace(rope_scaling="yarn")
+  with pytest.raises(ValueError, match="rope_factor=32.0: read only with rope_scaling='llama3'"):
+    CFG.replace(rope_factor=32.0)
+  l3 = CFG.replace(**LLAMA3)
+  with pytest.raises(ValueError, match="rope_factor must be a finite number >= 1"):
+    l3.replace(rope_factor=0.5)
+  with pytest.raises(ValueError, match="rope_low_freq_factor must be a finite number > 0"):
+    l3.replace(rope_low_freq_factor=0.0)
+  with pytest.raises(ValueError, match="rope_high_freq_factor=4.0 must be greater than rope_low_freq_factor=4.0"):
+    l3.replace(rope_low_freq_factor=4.0)
+  with pytest.raises(ValueError, match="rope_original_max_len must be a positive integer"):
+    l3.replace(rope_original_max_len=0)
+  with pytest.raises(ValueError, match="rope_scaling='llama3' is a llama setting"):
+    M.ModelConfig("gpt", rope_scaling="llama3")
+  from multilevel.models.llama import llama3_scaling
+  preset = M.preset("llama-3.2-1b")  # Llama 3.2 1B's config.json.
+  assert (preset.rope_base, llama3_scaling(preset)) == (5e5, (32.0, 1.0, 4.0, 8192))
+
+
+def test_llama3_frequencies_are_kept_blended_or_divided():
+  """Against the definition, in float64: wavelengths below original / high keep their frequency, above original / low
+  it is divided by the factor, in between blended; the plain frequencies are what they always were."""
+  from multilevel.models.llama import rope_inverse_frequencies
+  head_dim, base = 32, 1e4
+  plain = 1.0 / (base ** (np.arange(0, head_dim, 2) / head_dim))
+  np.testing.assert_array_equal(
+      rope_inverse_frequencies(head_dim, base),
+      1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)))
+  factor, low, high, original = 8.0, 1.0, 4.0, 64
+  wave = 2 * np.pi / plain
+  s = (original / wave - low) / (high - low)
+  want = np.where(wave < original / high, plain,
+                  np.where(wave > original / low, plain / factor, (1 - s) * plain / factor + s * plain))
+  kinds = (wave < original / high).sum(), (wave > original / low).sum()
+  assert min(kinds) > 0 and sum(kinds) < len(wave)  # Some of each.
+  np.testing.assert_allclose(rope_inverse_frequencies(head_dim, base, (factor, low, high, original)), want, rtol=1e-6)
+
+
+def test_llama3_rope_scaling_changes_the_model_and_growth_keeps_it():
+  l3 = CFG.replace(**LLAMA3)
+  p = params_of(CFG)
+  assert np.max(np.abs(logits(l3, p) - logits(CFG, p))) > 1e-3
+  m = O.make_mapping(BIG.replace(**LLAMA3))
+  assert all(getattr(m.small, k) == v for k, v in LLAMA3.items())
+
+
 # ------------------------------------------------------------------------------------------------------ operators
 
 HOW = {"width": dict(depth_factor=1), "depth": dict(width_factor=1), "both": {}}

@@ -243,12 +243,15 @@ class Runner:
                        f"vocab_size, max_len; for llama also num_kv_heads, ffn_size, tie_embeddings); set "
                        f"--config.model.* and data.tokenizer to the checkpoint's.") from e
     # Settings that change the function but no parameter's shape: a mismatch would go unnoticed by the check above.
-    differ = {f: (getattr(imported, f), getattr(target, f)) for f in ("eps", "rope_base")
+    unshaped = ("eps", "rope_base", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_max_len")
+    differ = {f: (getattr(imported, f), getattr(target, f)) for f in unshaped
               if getattr(imported, f) != getattr(target, f)}
     if differ:
       said = ", ".join(f"{f}={a!r} in the checkpoint but {b!r} in the config" for f, (a, b) in differ.items())
       raise ValueError(f"The checkpoint {source} was trained with other settings than the model config: {said}. "
-                       f"Set --config.model.ln_eps / --config.model.rope_base to the checkpoint's.")
+                       f"Set --config.model.ln_eps / --config.model.rope_base (and the other "
+                       f"--config.model.rope_* settings) to the checkpoint's.")
     logging.info("Initialised the target model from %s.", source)
     return jax.device_put(params, self.param_shardings(0))
 

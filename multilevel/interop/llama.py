@@ -3,9 +3,10 @@
 HF's layout needs no permutation: its rotary embedding rotates the two halves of each head (``rotate_half``), as
 ours does. Projections are ``nn.Linear`` weights, ``(out, in)``; query head n reads key/value head n // r in both
 (HF's ``repeat_kv``). With ``tie_word_embeddings`` the LM head is the token embedding; an untied ``lm_head`` is its
-own tensor. What our model does not compute is refused, never approximated: rotary scaling variants (``llama3``,
-``linear``, ``dynamic``, ``yarn``, ...), partial rotary embeddings, biases, another activation, a head size that is
-not ``hidden_size / num_attention_heads``, attention dropout.
+own tensor. Llama 3's rotary rescaling (``rope_type: llama3``, Llama 3.1 and 3.2) is our ``rope_scaling='llama3'``.
+What our model does not compute is refused, never approximated: the other rotary scaling variants (``linear``,
+``dynamic``, ``yarn``, ``longrope``, ...), partial rotary embeddings, biases, another activation, a head size that
+is not ``hidden_size / num_attention_heads``, attention dropout.
 """
 
 from __future__ import annotations
@@ -23,23 +24,55 @@ from multilevel.models.config import ModelConfig
 # ---------------------------------------------------------------------------------------------------------- config
 
 
-def rope_settings(d: Mapping) -> float:
-  """The rotary base of a HF Llama config (``rope_parameters`` in transformers 5, ``rope_theta`` and
-  ``rope_scaling`` before); raises ``UnsupportedConfigError`` on any scaling variant."""
+_LLAMA3_KEYS = (("factor", "rope_factor"), ("low_freq_factor", "rope_low_freq_factor"),
+                ("high_freq_factor", "rope_high_freq_factor"))
+
+
+def rope_settings(d: Mapping) -> dict:
+  """Our rotary settings (``rope_base``, and ``rope_scaling`` with its four numbers for Llama 3's rescaling) for a HF
+  Llama config: ``rope_parameters`` in transformers 5, ``rope_theta`` and ``rope_scaling`` before (which
+  transformers 5 still reads first). Raises ``UnsupportedConfigError`` on any other scaling variant."""
   params = read(d, "rope_parameters", None) or {}
   scaling = read(d, "rope_scaling", None) or {}
+  kinds = {}
   for where, rope in (("rope_parameters", params), ("rope_scaling", scaling)):
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
+    kinds[where] = kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "llama3"):
       raise UnsupportedConfigError(
-          f"{where} of type {kind!r} is not supported: our rotary embedding uses the plain frequencies "
-          f"base ** (-2i / head_dim), and loading the weights without the {kind!r} rescaling would change the model. "
-          f"Only the default rotary embedding (no rope_scaling) is imported.")
+          f"{where} of type {kind!r} is not supported: our rotary embedding computes the plain frequencies "
+          f"base ** (-2i / head_dim) or Llama 3's rescaling of them, and loading the weights without the {kind!r} "
+          f"rescaling would change the model. Only the default rotary embedding and rope_type 'llama3' are imported.")
   partial = float(params.get("partial_rotary_factor", read(d, "partial_rotary_factor", 1.0)))
   if partial != 1.0:
     raise UnsupportedConfigError(f"partial_rotary_factor={partial} is not supported: our rotary embedding rotates "
                                  "every channel of a head.")
-  return float(params.get("rope_theta", read(d, "rope_theta", 10000.0)))
+  # transformers 5 takes a non-empty rope_scaling over rope_parameters; older versions read only rope_scaling.
+  where, rope = ("rope_scaling", scaling) if scaling else ("rope_parameters", params)
+  out = {"rope_base": float(rope.get("rope_theta", params.get("rope_theta", read(d, "rope_theta", 10000.0))))}
+  if params and scaling:
+    compared = [k for k, _ in _LLAMA3_KEYS] + ["original_max_position_embeddings", "rope_theta"]
+    shared = [k for k in compared if k in params and k in scaling]
+    if kinds["rope_parameters"] != kinds["rope_scaling"] or any(params[k] != scaling[k] for k in shared):
+      raise UnsupportedConfigError(
+          f"rope_scaling={dict(scaling)} and rope_parameters={dict(params)} disagree, and transformers versions read "
+          f"different ones (5 takes rope_scaling first, 4 only reads it); keep one of them.")
+  if kinds[where] == "default":
+    return out
+  missing = [k for k, _ in _LLAMA3_KEYS if rope.get(k) is None]
+  if missing:
+    raise UnsupportedConfigError(f"{where} of type 'llama3' has no {', '.join(missing)}: Llama 3's rescaling needs "
+                                 "factor, low_freq_factor and high_freq_factor (and original_max_position_embeddings).")
+  # transformers 5 reads a top-level original_max_position_embeddings first, then the scaling's, then
+  # max_position_embeddings; older versions read the scaling's only.
+  inner, outer = rope.get("original_max_position_embeddings"), read(d, "original_max_position_embeddings", None)
+  if inner is not None and outer is not None and inner != outer:
+    raise UnsupportedConfigError(
+        f"original_max_position_embeddings={outer} at the top of the config but {inner} in {where}: transformers "
+        f"versions read different ones; keep one of them.")
+  if inner is None:
+    inner = outer if outer is not None else read_int(d, "max_position_embeddings", 2048)
+  return {**out, "rope_scaling": "llama3", **{ours: float(rope[k]) for k, ours in _LLAMA3_KEYS},
+          "rope_original_max_len": int(inner)}
 
 
 def _config(d: Mapping) -> ModelConfig:
@@ -64,7 +97,7 @@ def _config(d: Mapping) -> ModelConfig:
   return ModelConfig(
       "llama", read_int(d, "num_hidden_layers", 32), heads, head_dim, ffn_size=read_int(d, "intermediate_size", 11008),
       vocab_size=read_int(d, "vocab_size", 32000), max_len=read_int(d, "max_position_embeddings", 2048),
-      num_kv_heads=0 if kv == heads else kv, rope_base=rope_settings(d),
+      num_kv_heads=0 if kv == heads else kv, **rope_settings(d),
       tie_embeddings=bool(read(d, "tie_word_embeddings", False)), dropout=0.0,
       ln_eps=ln_eps(read(d, "rms_norm_eps", 1e-6), "llama"))
 
@@ -78,8 +111,18 @@ def _hf_config(cfg: ModelConfig) -> dict:
       "rope_theta": cfg.rope_base, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
       "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
       "attention_dropout": 0.0, "initializer_range": 0.02, "bos_token_id": None, "eos_token_id": None,
-      "pad_token_id": None, "use_cache": True,
+      "pad_token_id": None, "use_cache": True, **_hf_rope_scaling(cfg),
   }
+
+
+def _hf_rope_scaling(cfg: ModelConfig) -> dict:
+  """Llama 3's rescaling as transformers 5 (``rope_parameters``) and older versions (``rope_scaling``) read it;
+  nothing for plain RoPE."""
+  if cfg.rope_scaling != "llama3":
+    return {}
+  scaling = {"rope_type": "llama3", **{k: getattr(cfg, ours) for k, ours in _LLAMA3_KEYS},
+             "original_max_position_embeddings": cfg.rope_original_max_len}
+  return {"rope_scaling": scaling, "rope_parameters": {**scaling, "rope_theta": cfg.rope_base}}
 
 
 # ---------------------------------------------------------------------------------------------------------- tensors

@@ -43,6 +43,13 @@ class ModelConfig:
   # LLaMA-style decoders.
   num_kv_heads: int = 0  # Key/value heads of grouped-query attention; 0 means num_heads (multi-head attention).
   rope_base: float = 10000.0  # Base of the rotary position embedding's frequencies.
+  # Rescaling of the rotary frequencies: '' (none, plain RoPE) or 'llama3' (Llama 3.1 / 3.2). The four settings
+  # below are read only with 'llama3' and must keep their defaults (Llama 3.1's values) otherwise.
+  rope_scaling: str = ""
+  rope_factor: float = 8.0  # Long wavelengths (> rope_original_max_len / rope_low_freq_factor) are divided by this.
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0  # Short wavelengths (< rope_original_max_len / this) are kept.
+  rope_original_max_len: int = 8192  # The context length the unscaled model was pretrained on.
   tie_embeddings: bool = False  # The LM head is the transposed token embedding.
   # Shared.
   dropout: float = 0.0

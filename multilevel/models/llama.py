@@ -8,6 +8,9 @@ HF weights load without a permutation.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,10 +22,39 @@ from multilevel.models.gpt import lm_head_flops, positions
 from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, scan_blocks
 
 
-def rope_tables(length: int, head_dim: int, base: float):
-  """``(cos_TxK, sin_TxK)`` for positions ``0 .. length - 1`` (float32): frequency ``base ** (-2i / head_dim)`` on
-  channels ``i`` and ``i + head_dim / 2``."""
+def rope_inverse_frequencies(head_dim: int, base: float, llama3: tuple[float, float, float, int] | None = None):
+  """The ``head_dim / 2`` rotary frequencies (float32): ``base ** (-2i / head_dim)``, or with ``llama3 = (factor,
+  low_freq_factor, high_freq_factor, original_max_len)`` Llama 3's rescaling of them.
+
+  Llama 3 sorts the frequencies by wavelength ``2 pi / f`` against the pretraining context ``original_max_len``:
+  wavelengths below ``original_max_len / high_freq_factor`` keep their frequency, those above
+  ``original_max_len / low_freq_factor`` have it divided by ``factor``, and those in between blend the two,
+  ``(1 - s) f / factor + s f`` with ``s = (original_max_len / wavelength - low) / (high - low)``. Computed in float32
+  in that order, as ``transformers`` does."""
   inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if llama3 is None:
+    return inv_freq
+  factor, low, high, original = llama3
+  wavelength = 2 * math.pi / inv_freq
+  s = (original / wavelength - low) / (high - low)
+  blended = (1 - s) * inv_freq / factor + s * inv_freq
+  kept_or_blended = jnp.where(wavelength < original / high, inv_freq, blended)
+  return jnp.where(wavelength > original / low, inv_freq / factor, kept_or_blended)
+
+
+def llama3_scaling(cfg: ModelConfig) -> tuple[float, float, float, int] | None:
+  """``(factor, low_freq_factor, high_freq_factor, original_max_len)`` of ``cfg``'s Llama 3 rotary rescaling, or
+  None for plain RoPE."""
+  if cfg.rope_scaling != "llama3":
+    return None
+  return cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_max_len
+
+
+def rope_tables(length: int, head_dim: int, base: float, llama3: tuple[float, float, float, int] | None = None):
+  """``(cos_TxK, sin_TxK)`` for positions ``0 .. length - 1`` (float32): frequency ``base ** (-2i / head_dim)``
+  (rescaled as Llama 3 does with ``llama3``, see ``rope_inverse_frequencies``) on channels ``i`` and
+  ``i + head_dim / 2``."""
+  inv_freq = rope_inverse_frequencies(head_dim, base, llama3)
   angles_TxK = jnp.arange(length, dtype=jnp.float32)[:, None] * jnp.concatenate([inv_freq, inv_freq])[None, :]
   return jnp.cos(angles_TxK), jnp.sin(angles_TxK)
 
@@ -96,7 +128,7 @@ def llama_stack(cfg: ModelConfig, deterministic: bool):
   def run(x_BxTxD, mask_BxT=None):
     if mask_BxT is not None:
       raise ValueError("LLaMA blocks take no padding mask: the causal mask is the only one (packed data).")
-    cos_TxK, sin_TxK = rope_tables(x_BxTxD.shape[1], cfg.head_dim, cfg.rope_base)
+    cos_TxK, sin_TxK = rope_tables(x_BxTxD.shape[1], cfg.head_dim, cfg.rope_base, llama3_scaling(cfg))
     return blocks(x_BxTxD, cos_TxK, sin_TxK)
 
   return run
@@ -180,6 +212,38 @@ def _validate(cfg: ModelConfig) -> None:
                      f"serves an equal group of query heads (0 means num_heads, plain multi-head attention).")
   if not cfg.rope_base > 1.0:
     raise ValueError(f"rope_base must be > 1 (LLaMA uses 10000, Llama 3 500000), got {cfg.rope_base}.")
+  _validate_rope_scaling(cfg)
+
+
+ROPE_SCALINGS = ("", "llama3")
+_LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
+
+
+def _validate_rope_scaling(cfg: ModelConfig) -> None:
+  if cfg.rope_scaling not in ROPE_SCALINGS:
+    raise ValueError(f"rope_scaling must be '' (plain RoPE) or 'llama3' (Llama 3's rescaled frequencies), got "
+                     f"{cfg.rope_scaling!r}; the other variants (linear, dynamic, yarn, longrope, ...) are not "
+                     f"implemented.")
+  if not cfg.rope_scaling:
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    changed = [f"{n}={getattr(cfg, n)!r}" for n in _LLAMA3_FIELDS if getattr(cfg, n) != defaults[n]]
+    if changed:
+      raise ValueError(f"{', '.join(changed)}: read only with rope_scaling='llama3'. Set rope_scaling='llama3', or "
+                       f"leave {', '.join(_LLAMA3_FIELDS)} at their defaults "
+                       f"({', '.join(repr(defaults[n]) for n in _LLAMA3_FIELDS)}).")
+    return
+  factor, low, high, original = llama3_scaling(cfg)
+  if not (math.isfinite(factor) and factor >= 1.0):
+    raise ValueError(f"rope_factor must be a finite number >= 1 (Llama 3.1 uses 8, Llama 3.2 32), got {factor}.")
+  if not (math.isfinite(low) and low > 0.0):
+    raise ValueError(f"rope_low_freq_factor must be a finite number > 0 (Llama 3 uses 1), got {low}.")
+  if not (math.isfinite(high) and high > low):
+    raise ValueError(f"rope_high_freq_factor={high} must be greater than rope_low_freq_factor={low} (Llama 3 uses 4 "
+                     f"and 1): the wavelengths between original_max_len / high and original_max_len / low are "
+                     f"blended.")
+  if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+    raise ValueError(f"rope_original_max_len must be a positive integer (the pretraining context; Llama 3 uses "
+                     f"8192), got {original!r}.")
 
 
 def _block_flops(cfg: ModelConfig) -> float:
@@ -191,5 +255,6 @@ def _block_flops(cfg: ModelConfig) -> float:
 LLAMA = register(Family(
     "llama", Llama, LLAMA_AXES, modality="text", objective="clm", pre_ln=True,
     tied_embedding=lambda cfg: cfg.tie_embeddings, ln_eps=1e-5, positions=positions,
-    head_flops=lambda cfg, objective: lm_head_flops(cfg), block_flops=_block_flops, embedding_params=("embed",), own_fields=("num_kv_heads", "rope_base", "tie_embeddings"),
+    head_flops=lambda cfg, objective: lm_head_flops(cfg), block_flops=_block_flops, embedding_params=("embed",),
+    own_fields=("num_kv_heads", "rope_base", "rope_scaling", *_LLAMA3_FIELDS, "tie_embeddings"),
     validate=_validate, causal=True, blocks=LlamaBlocks, output_embedding=_output_embedding))

@@ -13,12 +13,14 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2": ModelConfig("gpt", 12, 12, 64, vocab_size=50257, max_len=1024),
     "deit-s": ModelConfig("deit", 12, 6, 64, image_size=224, patch_size=16, num_classes=1000),
     "deit-b": ModelConfig("deit", 12, 12, 64, image_size=224, patch_size=16, num_classes=1000),
-    # LLaMA-style shapes (parameter counts equal to the Hugging Face models'). Llama 3.2 also rescales its rotary
-    # frequencies ("llama3" rope scaling), which this preset does not: it is the shape, not the checkpoint.
+    # LLaMA-style shapes (parameter counts equal to the Hugging Face models'). Llama 3.2 1B's with its rotary
+    # settings too (base 500000, "llama3" rescaling as in its config.json), so its checkpoint imports onto it.
     "smollm-135m": ModelConfig("llama", 30, 9, 64, num_kv_heads=3, ffn_size=1536, vocab_size=49152, max_len=2048,
                                tie_embeddings=True),
     "llama-3.2-1b": ModelConfig("llama", 16, 32, 64, num_kv_heads=8, ffn_size=8192, vocab_size=128256,
-                                max_len=131072, rope_base=500000.0, tie_embeddings=True),
+                                max_len=131072, rope_base=500000.0, rope_scaling="llama3", rope_factor=32.0,
+                                rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192,
+                                tie_embeddings=True),
     # Tiny sizes that train on a laptop CPU.
     "bert-tiny": ModelConfig("bert", 4, 4, 32, vocab_size=2048, max_len=128),
     "gpt-tiny": ModelConfig("gpt", 4, 4, 32, vocab_size=2048, max_len=128),
