@@ -142,13 +142,20 @@ def abstract_like(tree: Any, shardings) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def config_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
-  """Keys whose values differ between two nested JSON dicts."""
+def config_diff(saved: dict, current: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+  """Keys whose values differ between two nested JSON dicts.
+
+  With ``defaults`` (a dict of the same shape), a key the saved config lacks is not a difference when its current
+  value is its default: a field added to the library after the checkpoint was written, left at its default (which
+  by this library's rule computes what the code did before the field existed), does not block a resume."""
   out = []
   for k in sorted(set(saved) | set(current)):
     a, b = saved.get(k, "<missing>"), current.get(k, "<missing>")
+    d = defaults.get(k, "<missing>") if isinstance(defaults, dict) else "<missing>"
     if isinstance(a, dict) and isinstance(b, dict):
-      out += config_diff(a, b, f"{prefix}{k}.")
+      out += config_diff(a, b, f"{prefix}{k}.", d if isinstance(d, dict) else None)
+    elif a == "<missing>" and b == d and b != "<missing>":
+      continue
     elif a != b:
       out.append(f"{prefix}{k}: saved {json.dumps(a)} vs now {json.dumps(b)}")
   return out

@@ -84,3 +84,19 @@ def test_missing_checkpoints_are_refused(finished_run, tmp_path):
   shutil.rmtree(os.path.join(work, "checkpoints"))
   with pytest.raises(CheckpointError, match="no complete checkpoint"):
     train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12}), work)
+
+
+def test_a_field_added_since_the_checkpoint_blocks_resume_only_away_from_its_default():
+  from multilevel.checkpoint import config_diff
+  from multilevel.cycles.run_config import default_resolved_config
+  defaults = default_resolved_config()
+  saved = {"model": {"family": "gpt", "num_layers": 2}, "train": {"lr": 0.1}}
+  now = {"model": {"family": "gpt", "num_layers": 2, "rope_factor": defaults["model"]["rope_factor"]},
+         "train": {"lr": 0.1}}
+  assert config_diff(saved, now, defaults=defaults) == []
+  assert config_diff(saved, now) == ["model.rope_factor: saved \"<missing>\" vs now 8.0"]  # Without defaults.
+  moved = {**now, "model": {**now["model"], "rope_factor": 2.0}}
+  assert config_diff(saved, moved, defaults=defaults) == ["model.rope_factor: saved \"<missing>\" vs now 2.0"]
+  # A value the saved config has is compared as always, default or not.
+  assert config_diff({"train": {"lr": 0.5}}, {"train": {"lr": 0.1}}, defaults=defaults) == [
+      "train.lr: saved 0.5 vs now 0.1"]

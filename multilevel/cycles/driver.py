@@ -28,7 +28,8 @@ from multilevel import operators as O
 from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
-from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
+from multilevel.cycles.run_config import (RunConfig, default_resolved_config, model_config, objective_config,
+                                          resolved_config)
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, init_params, make_mesh,
                               param_shardings, put_batch, tokens_per_example)
@@ -180,7 +181,7 @@ class Runner:
                               f"--workdir, or delete {self.workdir} to start this run over.")
       return None
     meta = self.ckpt.restore_meta(latest)
-    diff = config_diff(meta.get("config", {}), self.cfg_json)
+    diff = config_diff(meta.get("config", {}), self.cfg_json, defaults=default_resolved_config())
     if diff:
       raise CheckpointError(f"The checkpoint in {self.workdir} belongs to a different config: " + "; ".join(
           diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")

@@ -110,3 +110,8 @@ def resolved_config(run: RunConfig, model: ModelConfig) -> dict:
       node = node.get(p, {})
     node.pop(parts[-1], None)
   return d
+
+
+def default_resolved_config() -> dict:
+  """``resolved_config`` of the library's typed defaults: what a field holds when a config does not set it."""
+  return resolved_config(RunConfig.from_config({}), ModelConfig())
