@@ -15,7 +15,7 @@ the next model's scratch run does from that loss costs, for two levels,
 
   F_big(L_T) - max over L >= L_T of [F_big(L) - F_small(L)],
 
-and for more levels the same recursion on a grid of losses (``ideal_cost``). The saving is what that maximum is of
+and for more levels the same recursion on a grid of losses (``multilevel.cycles.planner.ideal_cost``). The saving is what that maximum is of
 F_big(L_T). A method that beats it has a grown model that learns faster than scratch after the hand-over; one at the
 bound loses nothing at the hand-over; where every method sits at or below the bound the fade is the physics of
 growth at this scale. It is a bound only under its assumption (after the hand-over the big model continues at its
@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
 from absl import app, flags, logging
 
 from benchmarks import cli, saving
+from multilevel.cycles.planner import Frontier, bound_at, ideal_cost  # noqa: F401  (re-exported for the tests)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -62,98 +62,6 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("plot", "", "PNG: the frontiers, and bound against measured savings.", flag_values=fv)
 
 
-# ------------------------------------------------------------------------------------------------- the frontiers
-
-
-@dataclasses.dataclass(frozen=True)
-class Frontier:
-  """A model's fully decayed scratch runs: ``points`` are (FLOPs, final eval loss), one per budget."""
-
-  name: str
-  points: tuple[tuple[float, float], ...]
-
-  def __post_init__(self):
-    pts = tuple(sorted((float(f), float(l)) for f, l in self.points))
-    if len(pts) < 2:
-      raise ValueError(f"Frontier {self.name!r} needs at least two budgets, got {len(pts)}.")
-    # The frontier is the lower envelope: a longer run that ends higher than a shorter one is not on it.
-    env, best = [], math.inf
-    for f, l in pts:
-      if l < best:
-        env.append((f, l))
-        best = l
-    object.__setattr__(self, "points", tuple(env))
-
-  @property
-  def loss_range(self) -> tuple[float, float]:
-    return self.points[-1][1], self.points[0][1]
-
-  def cost(self, loss: float) -> float | None:
-    """FLOPs at which the frontier reaches ``loss`` (log-linear between budgets); None outside its range."""
-    lo, hi = self.loss_range
-    if not lo <= loss <= hi:
-      return None
-    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
-      if l1 <= loss <= l0:
-        w = 0.0 if l0 == l1 else (l0 - loss) / (l0 - l1)
-        return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
-    return self.points[0][0] if len(self.points) == 1 else None
-
-
-def ideal_cost(chain: list[Frontier], target_loss: float, grid: int = 400) -> dict | None:
-  """The cheapest lossless hand-over chain ``chain[0] -> ... -> chain[-1]`` (smallest first, the target last) to
-  ``target_loss``; any model of the chain may be skipped. Returns ``{'flops', 'switch_losses'}`` (the loss at which
-  each hand-over happens, None for a skipped level) or None when the target's frontier does not reach the loss.
-
-  On a grid of losses L from the highest any frontier measures down to ``target_loss``: best[k](L) is the cheapest
-  way to have model k at loss L, min(F_k(L), min over L' >= L of best[j](L') + F_k(L) - F_k(L') for j < k)."""
-  big = chain[-1]
-  if big.cost(target_loss) is None:
-    return None
-  top = max(f.loss_range[1] for f in chain)
-  losses = [top - (top - target_loss) * i / (grid - 1) for i in range(grid)]  # Descending, ends at target_loss.
-  inf = math.inf
-  costs = [[f.cost(l) for l in losses] for f in chain]
-  best = [[inf] * grid for _ in chain]
-  back: list[list[tuple | None]] = [[None] * grid for _ in chain]
-  for k in range(len(chain)):
-    run_min = [inf] * len(chain)  # min over L' >= L of best[j](L') - F_k(L'), per j < k.
-    arg = [None] * len(chain)
-    for i in range(grid):
-      ck = costs[k][i]
-      for j in range(k):
-        if best[j][i] < inf and ck is not None and best[j][i] - ck < run_min[j]:
-          run_min[j], arg[j] = best[j][i] - ck, i
-      if ck is None:
-        continue
-      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
-      for j in range(k):
-        if run_min[j] < inf and run_min[j] + ck < best[k][i]:
-          best[k][i], back[k][i] = run_min[j] + ck, (j, arg[j])
-  k, i = len(chain) - 1, grid - 1
-  flops = best[k][i]
-  switches: list[float | None] = [None] * (len(chain) - 1)
-  while back[k][i] is not None:
-    j, i = back[k][i]
-    switches[j] = losses[i]
-    k = j
-  return {"flops": flops, "switch_losses": switches}
-
-
-def bound_at(chain: list[Frontier], target_loss: float) -> dict | None:
-  """The bound's saving at ``target_loss`` and where it hands over, plus the envelope (best single model)."""
-  full = chain[-1].cost(target_loss)
-  ideal = ideal_cost(chain, target_loss)
-  if full is None or ideal is None:
-    return None
-  singles = {f.name: f.cost(target_loss) for f in chain}
-  best_single = min((c, n) for n, c in singles.items() if c is not None)
-  return {"target_loss": target_loss, "target_flops": full, "ideal_flops": ideal["flops"],
-          "bound_saving": 1 - ideal["flops"] / full, "switch_losses": ideal["switch_losses"],
-          "switch_flops": [None if l is None else f.cost(l) for f, l in zip(chain, ideal["switch_losses"])],
-          "envelope_model": best_single[1], "envelope_saving": 1 - best_single[0] / full}
-
-
 # --------------------------------------------------------------------------------------------- the level's runs
 
 
@@ -178,7 +86,7 @@ def run_level(a) -> dict:
   model = level_overrides(a.family, a.level, a.levels, extra)
   base_lr = float(saving.make_config(a.family, 100, {}, extra, 10).train.lr)
   out = {"command": cli.command("benchmarks.bound"), "family": a.family, "level": a.level, "levels": a.levels,
-         "model": model, "base_lr": base_lr, "runs": []}
+         "model": model, "set": extra, "base_lr": base_lr, "runs": []}
   for scale in [float(s) for s in a.lr_scales]:
     for steps in [int(b) for b in a.budgets]:
       cfg = saving.make_config(a.family, steps, {**model, "cycle.levels": 1, "train.lr": base_lr * scale}, extra,

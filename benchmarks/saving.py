@@ -228,7 +228,8 @@ def main(argv):
     per_example = cfg.model.max_len if family != "deit" else (cfg.model.image_size // cfg.model.patch_size) ** 2 + 1
     entry = {"steps": steps, "params": n_params,  # Tokens: text positions, or patches + CLS for DeiT.
              "tokens_per_param": steps * cfg.train.batch_size * per_example / n_params,
-             "scratch": {k: scratch["summary"][k] for k in ("final_eval_loss", "total_flops", "train_seconds")},
+             "scratch": {k: scratch["summary"].get(k) for k in ("final_eval_loss", "total_flops", "train_seconds",
+                                                                  "epochs")},
              "scratch_curve": [[f, s, l] for f, s, l in curve(scratch["records"])],
              "variants": {}}
     for name in a.variants:

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from benchmarks import bound
-from benchmarks.bound import Frontier, bound_at, ideal_cost
+from multilevel.cycles.planner import Frontier, bound_at, ideal_cost
 
 
 def loglinear(name, l_hi, l_lo, f_at_hi, per_nat, n=5):

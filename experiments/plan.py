@@ -1,0 +1,167 @@
+"""Plans a V-cycle for a config and a budget from pilot runs, and writes a config file the driver runs as it is.
+
+  python -m experiments.plan --config=experiments/configs/gpt.py:tiny --steps=1400 --workdir=runs/plan-gpt
+  python -m experiments.train --config=runs/plan-gpt/plan_config.py --workdir=runs/gpt-planned
+
+Pilots (cached under WORKDIR/pilots: a finished pilot is read back, not rerun): fully decayed scratch runs of the
+target at --target_pilots steps, and of each candidate small model (the V-cycle's level 1 when the target halves in
+width and depth, in depth only, in width only: --candidates) at --small_pilots steps and each of --lr_scales (the
+best learning rate per budget is kept, so no candidate is handicapped). Their final losses are each model's frontier;
+``multilevel.cycles.planner.plan_vcycle`` picks the candidate and the hand-over that the lossless bound says saves
+most, and the stage lengths that realise it. The pilots' FLOPs are reported beside the predicted saving: for one run
+they are a real cost; reused across runs of the same model and data they are paid once.
+
+Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pprint
+import sys
+
+from absl import app, flags, logging
+
+_CONFIG = flags.DEFINE_string("config", None, "The target's config file, path[:size] (experiments/configs/<family>.py).")
+_SET = flags.DEFINE_multi_string("set", [], "Override KEY=VALUE on the config (e.g. train.batch_size=32).")
+_STEPS = flags.DEFINE_integer("steps", None, "The budget: train.steps of the scratch run the plan is measured against.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the pilots, plan.json and plan_config.py go.")
+_TARGET_PILOTS = flags.DEFINE_list("target_pilots", [], "Steps of the target's pilots (default: 1/8, 1/4, 1/2 and all "
+                                   "of --steps: the target's frontier must reach the budget).")
+_SMALL_PILOTS = flags.DEFINE_list("small_pilots", [], "Steps of each candidate's pilots (default: 1/4, 1/2, 1, 2 "
+                                  "times --steps).")
+_LR_SCALES = flags.DEFINE_list("lr_scales", ["2", "4"], "Peak LRs of the candidates' pilots, as multiples of "
+                               "train.lr.")
+CANDIDATES = {"halve": {}, "depth": {"cycle.width_factor": 1}, "width": {"cycle.depth_factor": 1}}
+_CANDIDATES = flags.DEFINE_list("candidates", list(CANDIDATES), f"Small models to consider: {list(CANDIDATES)}.")
+flags.mark_flags_as_required(["config", "steps", "workdir"])
+
+
+def load_config(spec: str):
+  """The ConfigDict of ``path[:arg]`` (the file's ``get_config(arg)``), unlocked."""
+  import importlib.util
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise app.UsageError(f"--config={spec}: no config file at {path}.")
+  module_spec = importlib.util.spec_from_file_location("_multilevel_plan_source", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  c = module.get_config(arg) if arg else module.get_config()
+  c.unlock()
+  return c
+
+
+def configured(spec: str, sets: dict, overrides: dict):
+  from experiments.configs.common import override
+  c = load_config(spec)
+  override(c, sets)
+  return override(c, overrides)
+
+
+def small_model(spec: str, sets: dict, cycle: dict) -> dict:
+  """``model.*`` overrides that make the target's config train the V-cycle's level 1 under ``cycle``."""
+  import dataclasses
+
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  c = configured(spec, sets, {**cycle, "cycle.levels": 2, "train.steps": 100})
+  target = model_config(c, None)
+  small = build_plan(target, c.cycle, c.train).levels[1]
+  return {f"model.{f.name}": getattr(small, f.name) for f in dataclasses.fields(small)
+          if getattr(small, f.name) != getattr(target, f.name)}
+
+
+def pilot(spec: str, sets: dict, overrides: dict, steps: int, workdir: str) -> dict:
+  """One fully decayed scratch run. A finished one in ``workdir`` is read back by the driver (which refuses it if
+  its config differs), not trained again."""
+  from multilevel.cycles.driver import train_and_evaluate
+  c = configured(spec, sets, {**overrides, "cycle.levels": 1, "train.steps": steps,
+                              "train.eval_every": max(1, steps // 4), "progress": False, "tensorboard": False})
+  return train_and_evaluate(c, workdir)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from multilevel.cycles import planner
+  steps, spec, work = _STEPS.value, _CONFIG.value, _WORKDIR.value
+  bad = [kv for kv in _SET.value if "=" not in kv]
+  if bad:
+    raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
+  sets = dict(kv.split("=", 1) for kv in _SET.value)
+  unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
+  if unknown:
+    raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
+  ints = lambda xs, default: sorted({int(x) for x in xs} if xs else {max(1, round(f * steps)) for f in default})
+  target_pilots = ints(_TARGET_PILOTS.value, (0.125, 0.25, 0.5, 1.0))
+  small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0, 2.0))
+  base = configured(spec, sets, {})
+  lr = float(base.train.lr)
+
+  record = {"config": spec, "set": sets, "steps": steps, "pilots": []}
+
+  def run(name, overrides, n, lr_scale=1.0):
+    d = os.path.join(work, "pilots", f"{name}-lr{lr_scale:g}-{n}")
+    s = pilot(spec, sets, {**overrides, "train.lr": lr * lr_scale}, n, d)
+    record["pilots"].append({"model": name, "lr_scale": lr_scale, "steps": n, "total_flops": s["total_flops"],
+                             "final_eval_loss": s["final_eval_loss"]})
+    logging.info("pilot %s lr x%g, %d steps: loss %.4f", name, lr_scale, n, s["final_eval_loss"])
+    return s
+
+  target_runs = [run("target", {}, n) for n in target_pilots]
+  target = planner.Frontier("target", tuple((s["total_flops"], s["final_eval_loss"]) for s in target_runs))
+  candidates = []
+  for name in _CANDIDATES.value:
+    cycle = CANDIDATES[name]
+    try:
+      model = small_model(spec, sets, cycle)
+    except ValueError as e:  # E.g. a width factor the heads cannot take.
+      logging.warning("candidate %s: %s", name, e)
+      continue
+    best: dict[int, tuple] = {}
+    for scale in [float(x) for x in _LR_SCALES.value]:
+      for n in small_pilots:
+        s = run(name, model, n, scale)
+        if n not in best or s["final_eval_loss"] < best[n][1]:
+          best[n] = (s["total_flops"], s["final_eval_loss"], scale)
+    points = tuple((f, l) for f, l, _ in best.values())
+    # The learning rate that won at the longest pilot: the small stage is about that long or shorter.
+    lr_scale = best[max(best)][2]
+    candidates.append(planner.Candidate(
+        name, planner.Frontier(name, points), best[min(best)][0] / min(best), lr_scale, cycle,
+        sum(p["total_flops"] for p in record["pilots"] if p["model"] == name)))
+  plan = planner.plan_vcycle(target, target_runs[0]["total_flops"] / target_pilots[0], steps, candidates,
+                             sum(s["total_flops"] for s in target_runs))
+  print(planner.describe(plan))
+  record["plan"] = plan
+  os.makedirs(work, exist_ok=True)
+  with open(os.path.join(work, "plan.json"), "w") as f:
+    json.dump(record, f, indent=1)
+  config_path = os.path.join(work, "plan_config.py")
+  with open(config_path, "w") as f:
+    f.write(config_file(spec, sets, plan))
+  print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
+
+
+def config_file(spec: str, sets: dict, plan: dict) -> str:
+  """A config file: the source config, the --set overrides, then the plan's."""
+  path, _, arg = spec.partition(":")
+  overrides = {**sets, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in plan["overrides"].items()}}
+  return (f'"""Written by experiments.plan: {plan["method"]}, predicted saving '
+          f'{100 * plan["predicted_saving"]:+.1f}% vs scratch at train.steps={plan["overrides"]["train.steps"]}."""\n\n'
+          "import importlib.util\n\n"
+          "from experiments.configs.common import override\n\n"
+          f"SOURCE = {os.path.abspath(path)!r}\nARG = {arg!r}\nOVERRIDES = {pprint.pformat(overrides)}\n\n\n"
+          "def get_config(arg=None):\n"
+          "  spec = importlib.util.spec_from_file_location('_planned_source', SOURCE)\n"
+          "  module = importlib.util.module_from_spec(spec)\n"
+          "  spec.loader.exec_module(module)\n"
+          "  c = module.get_config(ARG) if ARG else module.get_config()\n"
+          "  c.unlock()\n"
+          "  override(c, {k: tuple(v) if isinstance(v, list) else v for k, v in OVERRIDES.items()})\n"
+          "  return c\n")
+
+
+if __name__ == "__main__":
+  sys.exit(app.run(main))

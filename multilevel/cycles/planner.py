@@ -1,0 +1,211 @@
+"""Schedules from measured frontiers: the lossless hand-over bound, and the V-cycle plan that aims at it.
+
+A model's *frontier* is the final eval loss of fully decayed scratch runs against their training FLOPs, one point per
+budget (``Frontier``; log-linear between budgets). With F_m(L) the FLOPs model m needs to reach loss L on its
+frontier, an ideal chain small -> ... -> target that hands over with no loss at all and then learns exactly as the
+next model's scratch run does from that loss costs, for two levels,
+
+  F_target(L_T) - max over L >= L_T of [F_target(L) - F_small(L)]
+
+(``ideal_cost`` solves any number of levels by the same recursion on a grid of losses). What that maximum is of
+F_target(L_T) is the *bound*: what a hand-over method saves if its grown model then learns only as fast as scratch.
+A method above it has a grown model that learns faster than scratch after the hand-over; at or below it, the fade of
+the saving with the budget is the physics of growth at that scale.
+
+``plan_vcycle`` turns the bound's hand-over into the V-cycle's stage lengths for a budget of ``steps`` target steps:
+the small model trains (fully decayed) for as many steps as its frontier needs to reach the switch loss, the target
+then trains for the steps its frontier still needs from there, and the coalescing stage is a single step. Its
+prediction is the bound's, so a measured run of the plan says how close a real hand-over comes to a lossless one
+(``benchmarks/bound.py`` measures both). The frontiers come from pilot runs (``experiments/plan.py`` runs and caches
+them); their FLOPs are a cost of the plan and are reported beside its saving, not hidden in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+  """A model's fully decayed scratch runs: ``points`` are (FLOPs, final eval loss), one per budget, kept as their
+  lower envelope (a longer run that ends higher than a shorter one is not on the frontier)."""
+
+  name: str
+  points: tuple[tuple[float, float], ...]
+
+  def __post_init__(self):
+    pts = tuple(sorted((float(f), float(l)) for f, l in self.points))
+    if len(pts) < 2:
+      raise ValueError(f"Frontier {self.name!r} needs at least two budgets (fully decayed scratch runs), got "
+                       f"{len(pts)}.")
+    if not all(math.isfinite(f) and f > 0 and math.isfinite(l) for f, l in pts):
+      raise ValueError(f"Frontier {self.name!r} has a non-finite or non-positive point: {pts}.")
+    env, best = [], math.inf
+    for f, l in pts:
+      if l < best:
+        env.append((f, l))
+        best = l
+    object.__setattr__(self, "points", tuple(env))
+
+  @property
+  def loss_range(self) -> tuple[float, float]:
+    """(lowest, highest) loss the frontier measures."""
+    return self.points[-1][1], self.points[0][1]
+
+  def cost(self, loss: float) -> float | None:
+    """FLOPs at which the frontier reaches ``loss`` (log-linear between budgets); None outside its range."""
+    lo, hi = self.loss_range
+    if not lo <= loss <= hi:
+      return None
+    if len(self.points) == 1:
+      return self.points[0][0]
+    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
+      if l1 <= loss <= l0:
+        w = (l0 - loss) / (l0 - l1)
+        return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
+    return None
+
+  def loss_at(self, flops: float) -> float | None:
+    """The frontier's loss at ``flops`` (linear in log FLOPs between budgets); None outside its range."""
+    (f_lo, _), (f_hi, _) = self.points[0], self.points[-1]
+    if not f_lo <= flops <= f_hi:
+      return None
+    if len(self.points) == 1:
+      return self.points[0][1]
+    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
+      if f0 <= flops <= f1:
+        w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+        return l0 + w * (l1 - l0)
+    return None
+
+
+def ideal_cost(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> dict | None:
+  """The cheapest lossless hand-over chain ``chain[0] -> ... -> chain[-1]`` (smallest first, the target last) to
+  ``target_loss``; any model of the chain may be skipped. Returns ``{'flops', 'switch_losses'}`` (the loss at which
+  each model hands over, None for one skipped) or None when the target's frontier does not reach the loss.
+
+  On a grid of losses L from the highest any frontier measures down to ``target_loss``: best[k](L) is the cheapest
+  way to have model k at loss L, min(F_k(L), min over L' >= L and j < k of best[j](L') + F_k(L) - F_k(L'))."""
+  if chain[-1].cost(target_loss) is None:
+    return None
+  top = max(f.loss_range[1] for f in chain)
+  losses = [top - (top - target_loss) * i / (grid - 1) for i in range(grid)]  # Descending, ends at target_loss.
+  inf = math.inf
+  costs = [[f.cost(l) for l in losses] for f in chain]
+  best = [[inf] * grid for _ in chain]
+  back: list[list[tuple | None]] = [[None] * grid for _ in chain]
+  for k in range(len(chain)):
+    run_min, arg = [inf] * len(chain), [None] * len(chain)  # min over L' >= L of best[j](L') - F_k(L'), per j.
+    for i in range(grid):
+      ck = costs[k][i]
+      for j in range(k):
+        if best[j][i] < inf and ck is not None and best[j][i] - ck < run_min[j]:
+          run_min[j], arg[j] = best[j][i] - ck, i
+      if ck is None:
+        continue
+      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
+      for j in range(k):
+        if run_min[j] < inf and run_min[j] + ck < best[k][i]:
+          best[k][i], back[k][i] = run_min[j] + ck, (j, arg[j])
+  k, i = len(chain) - 1, grid - 1
+  flops = best[k][i]
+  switches: list[float | None] = [None] * (len(chain) - 1)
+  while back[k][i] is not None:
+    j, i = back[k][i]
+    switches[j] = losses[i]
+    k = j
+  return {"flops": flops, "switch_losses": switches}
+
+
+def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> dict | None:
+  """The bound's saving at ``target_loss``, where it hands over (loss and the handing model's FLOPs), and the
+  envelope: the best *single* model of the chain at that loss (a smaller model trained longer)."""
+  full = chain[-1].cost(target_loss)
+  ideal = ideal_cost(chain, target_loss, grid)
+  if full is None or ideal is None:
+    return None
+  singles = [(f.cost(target_loss), f.name) for f in chain]
+  best_single = min((c, n) for c, n in singles if c is not None)
+  return {"target_loss": target_loss, "target_flops": full, "ideal_flops": ideal["flops"],
+          "bound_saving": 1 - ideal["flops"] / full, "switch_losses": ideal["switch_losses"],
+          "switch_flops": [None if l is None else f.cost(l) for f, l in zip(chain, ideal["switch_losses"])],
+          "envelope_model": best_single[1], "envelope_saving": 1 - best_single[0] / full}
+
+
+# ------------------------------------------------------------------------------------------------ the V-cycle plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """A smaller model the target can grow from: its frontier, the FLOPs of one of its steps, the peak learning rate
+  its pilots found best (a multiple of the target's), and the ``cycle`` overrides that make the V-cycle's small level
+  this model (e.g. ``{"cycle.width_factor": 1}`` for depth-only halving)."""
+
+  name: str
+  frontier: Frontier
+  step_flops: float
+  lr_scale: float
+  cycle: dict = dataclasses.field(default_factory=dict)
+  pilot_flops: float = 0.0
+
+
+def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
+                target_pilot_flops: float = 0.0) -> dict:
+  """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
+  measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything.
+
+  Returns ``overrides`` (config keys the driver runs as they are), the predicted loss and FLOPs, the predicted
+  saving, the pilots' FLOPs and the saving net of them, and one row per candidate."""
+  if steps < 4:
+    raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
+  budget = steps * target_step_flops
+  target_loss = target.loss_at(budget)
+  if target_loss is None:
+    lo, hi = target.points[0][0], target.points[-1][0]
+    raise ValueError(f"The target's frontier spans {lo:.3g}-{hi:.3g} FLOPs; a budget of {steps} steps is "
+                     f"{budget:.3g}. Measure the target's scratch frontier up to the budget (its pilots), or plan a "
+                     f"budget inside it.")
+  pilots = target_pilot_flops + sum(c.pilot_flops for c in candidates)
+  rows, best = [], None
+  for c in candidates:
+    b = bound_at([c.frontier, target], target_loss)
+    row = {"candidate": c.name, "bound": b}
+    if b is not None and b["switch_losses"][0] is not None:
+      switch = b["switch_losses"][0]
+      small = max(1, round(c.frontier.cost(switch) / c.step_flops))
+      big = max(1, round(steps - target.cost(switch) / target_step_flops))
+      flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
+      row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
+      if best is None or row["saving"] > best[1]["saving"]:
+        best = (c, row)
+    rows.append(row)
+  base = {"train.steps": steps}
+  if best is None or best[1]["saving"] <= 0:
+    return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss,
+            "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
+            "net_saving": -pilots / budget, "candidates": rows,
+            "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
+  c, row = best
+  overrides = {**base, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2, "cycle.down_fracs": (1 / steps,),
+               "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
+               "cycle.lr_scales": (1.0, c.lr_scale)}
+  return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss,
+          "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
+          "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
+          "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows}
+
+
+def describe(plan: dict) -> str:
+  """The plan as a few lines for a terminal."""
+  lines = [f"plan: {plan['method']}  (scratch at this budget ends at loss {plan['target_loss']:.4f})"]
+  for r in plan["candidates"]:
+    if "saving" in r:
+      lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
+                   f"steps, then {r['big_steps']} target steps: predicted saving {100 * r['saving']:+.1f}%")
+    else:
+      lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
+  lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
+               f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  return "\n".join(lines)

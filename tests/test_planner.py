@@ -1,0 +1,95 @@
+"""The planner (multilevel/cycles/planner.py, experiments/plan.py): stage lengths that realise the bound's hand-over."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from multilevel.cycles import build_plan, planner
+from multilevel.cycles.planner import Candidate, Frontier
+
+from engine_util import CACHE, ROOT
+
+
+def loglinear(name, l_hi, l_lo, f_at_hi, per_nat, n=5):
+  pts = [(f_at_hi * math.exp(per_nat * i * (l_hi - l_lo) / (n - 1)), l_hi - (l_hi - l_lo) * i / (n - 1))
+         for i in range(n)]
+  return Frontier(name, tuple(pts))
+
+
+STEP = 1e9  # The target's FLOPs per step.
+TARGET = loglinear("target", 6.0, 4.0, 100 * STEP, 2.0)  # 100 steps reach 6.0, ~5460 reach 4.0.
+
+
+def test_the_plan_trains_the_small_model_to_the_switch_loss_and_the_target_for_the_rest():
+  # The small model: a quarter of the target's cost at every loss down to 5.0, its step a quarter of the target's.
+  small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 1e11)
+  steps = 2000
+  p = planner.plan_vcycle(TARGET, STEP, steps, [small], target_pilot_flops=2e11)
+  assert p["switch_loss"] == pytest.approx(5.0, abs=0.01)
+  # The small stage: the steps its frontier needs to reach 5.0 (F_s(5.0) / step); the target's: what its frontier
+  # still needs from 5.0 to the budget's loss.
+  assert p["small_steps"] == pytest.approx(small.frontier.cost(5.0) / (STEP / 4), rel=0.02)
+  assert p["big_steps"] == pytest.approx(steps - TARGET.cost(5.0) / STEP, rel=0.02)
+  bound = planner.bound_at([small.frontier, TARGET], TARGET.loss_at(steps * STEP))["bound_saving"]
+  assert p["predicted_saving"] == pytest.approx(bound - 1 / steps, abs=0.01)  # One coalescing step more.
+  assert p["net_saving"] == pytest.approx(p["predicted_saving"] - 3e11 / (steps * STEP), rel=1e-9)
+  o = p["overrides"]
+  assert o["cycle.levels"] == 2 and o["train.steps"] == steps and o["cycle.lr_scales"] == (1.0, 4.0)
+  assert round(o["cycle.small_frac"] * steps) == p["small_steps"]
+  assert round(o["cycle.up_fracs"][0] * steps) == p["big_steps"] and round(o["cycle.down_fracs"][0] * steps) == 1
+
+
+def test_the_best_candidate_wins_and_a_useless_one_gives_scratch():
+  cheap = Candidate("depth", loglinear("d", 6.0, 4.5, 50 * STEP, 2.0), STEP / 2, 2.0, {"cycle.width_factor": 1})
+  cheaper = Candidate("halve", loglinear("h", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {})
+  # Halving both saves 3/4 F_T(5.0) = 75 e^2 steps; depth only 1/2 F_T(4.5) = 50 e^3 steps: depth wins.
+  p = planner.plan_vcycle(TARGET, STEP, 3000, [cheaper, cheap])
+  assert p["method"] == "vcycle from depth" and p["overrides"]["cycle.width_factor"] == 1
+  assert p["overrides"]["cycle.lr_scales"] == (1.0, 2.0)
+  rows = {r["candidate"]: r["saving"] for r in p["candidates"]}
+  assert rows["depth"] > rows["halve"] > 0
+  dear = Candidate("width", loglinear("w", 6.0, 5.0, 300 * STEP, 2.0), 2 * STEP, 4.0, {"cycle.depth_factor": 1})
+  s = planner.plan_vcycle(TARGET, STEP, 3000, [dear])
+  assert s["method"] == "scratch" and s["overrides"]["cycle.levels"] == 1 and s["predicted_saving"] == 0.0
+  assert "no hand-over pays" in planner.describe(s)
+
+
+def test_a_budget_outside_the_targets_frontier_is_refused_with_what_to_do():
+  small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0)
+  with pytest.raises(ValueError, match="Measure the target's scratch frontier up to the budget"):
+    planner.plan_vcycle(TARGET, STEP, 100000, [small])
+
+
+def test_the_planned_overrides_build_a_vcycle_with_those_stage_lengths():
+  from engine_util import tiny_config
+  from experiments.configs.common import override
+  from multilevel.cycles.run_config import model_config
+  small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {})
+  p = planner.plan_vcycle(TARGET, STEP, 2000, [small])
+  c = override(tiny_config("gpt", levels=2), p["overrides"])
+  plan = build_plan(model_config(c, None), c.cycle, c.train)
+  assert [s.steps for s in plan.stages] == [1, p["small_steps"], p["big_steps"]]
+  assert plan.stages[1].lr.peak == pytest.approx(4.0 * c.train.lr)
+
+
+@pytest.mark.slow
+def test_the_plan_command_runs_pilots_and_writes_a_config_the_driver_runs(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  sets = ["--set=data.cache_dir=" + CACHE, "--set=train.batch_size=4"]
+  cmd = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=16", f"--workdir={tmp_path}",
+         "--target_pilots=4,8,16", "--small_pilots=4,8,16", "--lr_scales=4", "--candidates=halve", *sets]
+  r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "plan:" in r.stdout and "pilots cost" in r.stdout
+  # Cached: a second plan reads the finished pilots back and prints the same plan.
+  again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0 and again.stdout == r.stdout
+  run = subprocess.run([sys.executable, "-m", "experiments.train", f"--config={tmp_path / 'plan_config.py'}",
+                        f"--workdir={tmp_path / 'run'}", "--config.progress=False", "--config.tensorboard=False"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "final eval loss" in run.stdout
