@@ -27,14 +27,18 @@ _CONFIG = flags.DEFINE_string("config", None, "The target's config file, path[:s
 _SET = flags.DEFINE_multi_string("set", [], "Override KEY=VALUE on the config (e.g. train.batch_size=32).")
 _STEPS = flags.DEFINE_integer("steps", None, "The budget: train.steps of the scratch run the plan is measured against.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the pilots, plan.json and plan_config.py go.")
-_TARGET_PILOTS = flags.DEFINE_list("target_pilots", [], "Steps of the target's pilots (default: 1/8, 1/4, 1/2 and all "
-                                   "of --steps: the target's frontier must reach the budget).")
-_SMALL_PILOTS = flags.DEFINE_list("small_pilots", [], "Steps of each candidate's pilots (default: 1/4, 1/2, 1, 2 "
+_TARGET_PILOTS = flags.DEFINE_list("target_pilots", [], "Steps of the target's pilots (default: 1/16, 1/8 and 1/4 "
+                                   "of --steps; they must reach the losses where a hand-over pays).")
+_SMALL_PILOTS = flags.DEFINE_list("small_pilots", [], "Steps of each candidate's pilots (default: 1/4, 1/2 and 1 "
                                   "times --steps).")
 _LR_SCALES = flags.DEFINE_list("lr_scales", ["2", "4"], "Peak LRs of the candidates' pilots, as multiples of "
                                "train.lr.")
 CANDIDATES = {"halve": {}, "depth": {"cycle.width_factor": 1}, "width": {"cycle.depth_factor": 1}}
 _CANDIDATES = flags.DEFINE_list("candidates", list(CANDIDATES), f"Small models to consider: {list(CANDIDATES)}.")
+_TARGET_FROM = flags.DEFINE_list("target_from", [], "Instead of the target's pilots: results of benchmarks.saving (their "
+                                 "scratch runs are the target's frontier).")
+_SMALL_FROM = flags.DEFINE_list("small_from", [], "Instead of the candidates' pilots: level runs of benchmarks.bound "
+                                "(one candidate per level file; its --set cycle.* overrides name the candidate).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
 
 
@@ -94,8 +98,8 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
   ints = lambda xs, default: sorted({int(x) for x in xs} if xs else {max(1, round(f * steps)) for f in default})
-  target_pilots = ints(_TARGET_PILOTS.value, (0.125, 0.25, 0.5, 1.0))
-  small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0, 2.0))
+  target_pilots = ints(_TARGET_PILOTS.value, (0.0625, 0.125, 0.25))
+  small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0))
   base = configured(spec, sets, {})
   lr = float(base.train.lr)
 
@@ -109,10 +113,15 @@ def main(argv):
     logging.info("pilot %s lr x%g, %d steps: loss %.4f", name, lr_scale, n, s["final_eval_loss"])
     return s
 
-  target_runs = [run("target", {}, n) for n in target_pilots]
-  target = planner.Frontier("target", tuple((s["total_flops"], s["final_eval_loss"]) for s in target_runs))
-  candidates = []
-  for name in _CANDIDATES.value:
+  if _TARGET_FROM.value:
+    target, target_step, target_cost = frontier_from_saving(_TARGET_FROM.value)
+  else:
+    target_runs = [run("target", {}, n) for n in target_pilots]
+    target = planner.Frontier("target", tuple((s["total_flops"], s["final_eval_loss"]) for s in target_runs))
+    target_step = target_runs[0]["total_flops"] / target_pilots[0]
+    target_cost = sum(s["total_flops"] for s in target_runs)
+  candidates = [candidate_from_bound(p) for p in _SMALL_FROM.value]
+  for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):
     cycle = CANDIDATES[name]
     try:
       model = small_model(spec, sets, cycle)
@@ -131,8 +140,7 @@ def main(argv):
     candidates.append(planner.Candidate(
         name, planner.Frontier(name, points), best[min(best)][0] / min(best), lr_scale, cycle,
         sum(p["total_flops"] for p in record["pilots"] if p["model"] == name)))
-  plan = planner.plan_vcycle(target, target_runs[0]["total_flops"] / target_pilots[0], steps, candidates,
-                             sum(s["total_flops"] for s in target_runs))
+  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost)
   print(planner.describe(plan))
   record["plan"] = plan
   os.makedirs(work, exist_ok=True)
@@ -142,6 +150,38 @@ def main(argv):
   with open(config_path, "w") as f:
     f.write(config_file(spec, sets, plan))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
+
+
+def frontier_from_saving(paths: list[str]):
+  """The target's frontier, step FLOPs and cost from ``benchmarks.saving`` results (their scratch runs)."""
+  from multilevel.cycles import planner
+  budgets = []
+  for p in paths:
+    with open(p) as f:
+      budgets += json.load(f)["budgets"]
+  if not budgets:
+    raise app.UsageError(f"--target_from: no budgets in {paths}.")
+  pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
+  step = budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"]
+  return planner.Frontier("target", pts), step, sum(f for f, _ in pts)
+
+
+def candidate_from_bound(path: str):
+  """A candidate from a ``benchmarks.bound`` level-run file: the best learning rate at each budget."""
+  from multilevel.cycles import planner
+  with open(path) as f:
+    d = json.load(f)
+  best: dict[int, tuple] = {}
+  for r in d["runs"]:
+    if r["steps"] not in best or r["final_eval_loss"] < best[r["steps"]][1]:
+      best[r["steps"]] = (r["total_flops"], r["final_eval_loss"], r["lr_scale"])
+  if len(best) < 2:
+    raise app.UsageError(f"--small_from={path}: needs runs at two budgets or more, got {sorted(best)}.")
+  cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
+  name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
+  n = min(best)
+  return planner.Candidate(name, planner.Frontier(name, tuple((f, l) for f, l, _ in best.values())),
+                           best[n][0] / n, best[max(best)][2], cycle, sum(r["total_flops"] for r in d["runs"]))
 
 
 def config_file(spec: str, sets: dict, plan: dict) -> str:

@@ -57,10 +57,19 @@ def test_the_best_candidate_wins_and_a_useless_one_gives_scratch():
   assert "no hand-over pays" in planner.describe(s)
 
 
-def test_a_budget_outside_the_targets_frontier_is_refused_with_what_to_do():
+def test_a_budget_before_the_targets_frontier_is_refused_and_one_past_it_is_planned_inside_it():
   small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0)
-  with pytest.raises(ValueError, match="Measure the target's scratch frontier up to the budget"):
-    planner.plan_vcycle(TARGET, STEP, 100000, [small])
+  with pytest.raises(ValueError, match="at shorter budgets"):
+    planner.plan_vcycle(TARGET, STEP, 50, [small])
+  # Past the target's pilots (5460 steps reach 4.0), the hand-over is still found where both were measured, and
+  # scratch at the budget costs exactly the budget.
+  far = planner.plan_vcycle(TARGET, STEP, 20000, [small])
+  assert far["budget_beyond_pilots"] and far["target_loss"] == pytest.approx(4.0)
+  assert far["switch_loss"] == pytest.approx(5.0, abs=0.01)
+  assert far["predicted_saving"] == pytest.approx(0.75 * TARGET.cost(5.0) / (20000 * STEP) - 1 / 20000, rel=0.02)
+  assert "the budget is past them" in planner.describe(far)
+  near = planner.plan_vcycle(TARGET, STEP, 2000, [small])
+  assert not near["budget_beyond_pilots"] and near["target_loss"] == pytest.approx(TARGET.loss_at(2000 * STEP))
 
 
 def test_the_planned_overrides_build_a_vcycle_with_those_stage_lengths():
@@ -93,3 +102,33 @@ def test_the_plan_command_runs_pilots_and_writes_a_config_the_driver_runs(tmp_pa
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "final eval loss" in run.stdout
+
+
+def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tmp_path):
+  import importlib.util
+  import json
+  from multilevel.cycles.run_config import model_config
+  target = tmp_path / "saving.json"
+  target.write_text(json.dumps({"budgets": [
+      {"steps": round(f / STEP), "scratch": {"total_flops": f, "final_eval_loss": l}} for f, l in TARGET.points]}))
+  small = loglinear("small", 6.0, 5.0, 25 * STEP, 2.0)
+  level = tmp_path / "L1.json"
+  level.write_text(json.dumps({"level": 1, "set": {"cycle.width_factor": "1"}, "runs": [
+      {"steps": round(f / (STEP / 4)), "lr_scale": s, "total_flops": f, "final_eval_loss": l + (s == 2) * 0.1}
+      for s in (2, 4) for f, l in small.points]}))
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=2000",
+                      f"--workdir={tmp_path / 'w'}", f"--target_from={target}", f"--small_from={level}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "plan: vcycle from L1 width_factor=1" in r.stdout
+  spec = importlib.util.spec_from_file_location("planned", tmp_path / "w" / "plan_config.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  with open(tmp_path / "w" / "plan.json") as f:
+    p = json.load(f)["plan"]
+  assert c.cycle.width_factor == 1 and c.train.steps == 2000 and tuple(c.cycle.lr_scales) == (1.0, 4.0)
+  stages = build_plan(model_config(c, None), c.cycle, c.train).stages
+  assert [s.steps for s in stages] == [1, p["small_steps"], p["big_steps"]]

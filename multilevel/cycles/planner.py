@@ -161,12 +161,15 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
-  target_loss = target.loss_at(budget)
-  if target_loss is None:
-    lo, hi = target.points[0][0], target.points[-1][0]
-    raise ValueError(f"The target's frontier spans {lo:.3g}-{hi:.3g} FLOPs; a budget of {steps} steps is "
-                     f"{budget:.3g}. Measure the target's scratch frontier up to the budget (its pilots), or plan a "
-                     f"budget inside it.")
+  lo, hi = target.points[0][0], target.points[-1][0]
+  if budget < lo:
+    raise ValueError(f"The target's frontier starts at {lo:.3g} FLOPs; a budget of {steps} steps is only "
+                     f"{budget:.3g}. Measure the target's scratch frontier at shorter budgets (its pilots).")
+  # Scratch at the budget costs exactly ``budget``; its loss is needed only as the lowest loss worth handing over
+  # at. Past the target's pilots, the search stays inside what they measured (the hand-over happens well above the
+  # budget's loss, where the small model is still cheaper), and the plan says so.
+  beyond = budget > hi
+  target_loss = target.loss_range[0] if beyond else target.loss_at(budget)
   pilots = target_pilot_flops + sum(c.pilot_flops for c in candidates)
   rows, best = [], None
   for c in candidates:
@@ -175,15 +178,20 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
     if b is not None and b["switch_losses"][0] is not None:
       switch = b["switch_losses"][0]
       small = max(1, round(c.frontier.cost(switch) / c.step_flops))
-      big = max(1, round(steps - target.cost(switch) / target_step_flops))
+      big = round(steps - target.cost(switch) / target_step_flops)
+      if big < 1:
+        rows.append(dict(row, why="the target's frontier reaches the switch loss only past the budget"))
+        continue
       flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
       row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
       if best is None or row["saving"] > best[1]["saving"]:
         best = (c, row)
     rows.append(row)
   base = {"train.steps": steps}
+  scope = {"budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
+           if beyond else "scratch's at the budget, on the target's frontier"}
   if best is None or best[1]["saving"] <= 0:
-    return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss,
+    return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
             "net_saving": -pilots / budget, "candidates": rows,
             "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
@@ -191,7 +199,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   overrides = {**base, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2, "cycle.down_fracs": (1 / steps,),
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
-  return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss,
+  return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
           "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
           "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
           "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows}
@@ -199,7 +207,9 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
 
 def describe(plan: dict) -> str:
   """The plan as a few lines for a terminal."""
-  lines = [f"plan: {plan['method']}  (scratch at this budget ends at loss {plan['target_loss']:.4f})"]
+  where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
+           else "scratch's loss at this budget")
+  lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]
   for r in plan["candidates"]:
     if "saving" in r:
       lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
