@@ -14,7 +14,8 @@ the saving with the budget is the physics of growth at that scale.
 
 ``plan_vcycle`` turns the bound's hand-over into the V-cycle's stage lengths for a budget of ``steps`` target steps:
 the small model trains (fully decayed) for as many steps as its frontier needs to reach the switch loss, the target
-then trains for the steps its frontier still needs from there, and the coalescing stage is a single step. Its
+then trains for the steps its frontier still needs from there, the coalescing stage is a single step, and growth
+does not interpolate with that step's snapshot (``w_pre = 0``). Its
 prediction is the bound's, so a measured run of the plan says how close a real hand-over comes to a lossless one
 (``benchmarks/bound.py`` measures both). The frontiers come from pilot runs (``experiments/plan.py`` runs and caches
 them); their FLOPs are a cost of the plan and are reported beside its saving, not hidden in it.
@@ -196,7 +197,10 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
             "net_saving": -pilots / budget, "candidates": rows,
             "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
   c, row = best
+  # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
+  # would throw away part of what the small model learned (the plan assumes a lossless hand-over).
   overrides = {**base, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2, "cycle.down_fracs": (1 / steps,),
+               "cycle.w_pre": 0.0,
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
   return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
