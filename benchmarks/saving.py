@@ -100,6 +100,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).",
                       flag_values=fv)
   flags.DEFINE_bool("reuse_scratch", False, "Reuse a finished scratch run found in --workroot.", flag_values=fv)
+  flags.DEFINE_list("plan", [], "plan.json files of experiments.plan: each adds a variant 'planned' (its overrides) at "
+                    "the budget it was planned for.", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).",
                       flag_values=fv)
 
@@ -232,11 +234,22 @@ def main(argv):
                                                                   "epochs")},
              "scratch_curve": [[f, s, l] for f, s, l in curve(scratch["records"])],
              "variants": {}}
-    for name in a.variants:
-      run = train(make_config(family, steps, VARIANTS[name], extra, a.evals),
+    planned = {}
+    for path in a.plan:
+      with open(path) as f:
+        p = json.load(f)["plan"]
+      if p["overrides"].get("train.steps") == steps:
+        planned["planned"] = {k: tuple(v) if isinstance(v, list) else v for k, v in p["overrides"].items()
+                              if k != "train.steps"}
+        predicted = {"plan_file": path, "predicted_saving": p["predicted_saving"], "method": p["method"]}
+    for name in list(a.variants) + list(planned):
+      overrides = planned.get(name) or VARIANTS[name]
+      run = train(make_config(family, steps, overrides, extra, a.evals),
                   os.path.join(a.workroot, f"{family}-{steps}-{name}"))
       entry["variants"][name] = compare(scratch, run)
       v = entry["variants"][name]
+      if name == "planned":
+        v["plan"] = predicted
       logging.info("budget %d %s: loss %.4f vs scratch %.4f | FLOPs saving %s | seconds saving %s", steps, name,
                    v["final_eval_loss"], entry["scratch"]["final_eval_loss"], v["flops_saving"], v["seconds_saving"])
     results["budgets"].append(entry)
