@@ -60,3 +60,57 @@ def test_knobs_reach_the_stages():
 def test_bad_schedules_raise_clear_errors(override, message):
   with pytest.raises(ValueError, match=message):
     plan_of(**override)
+
+
+# ------------------------------------------------------------------------------------------- warm-up, stable, decay
+
+
+def _values(schedule, n):
+  import numpy as np
+  f = schedule.build()
+  return np.array([float(f(i)) for i in range(n)])
+
+
+def test_wsd_warms_up_holds_the_peak_and_cools_down_linearly():
+  from multilevel.train.optim import LrSchedule
+  v = _values(LrSchedule(1.0, 100, 10, "wsd", cooldown=20), 101)
+  assert v[5] == pytest.approx(0.5) and v[10] == pytest.approx(1.0)
+  assert (v[10:80] == 1.0).all()  # Stable: exactly the peak.
+  assert v[90] == pytest.approx(0.5) and v[100] == pytest.approx(0.0, abs=1e-7)
+  with pytest.raises(ValueError, match="needs 1 to 90 cool-down steps"):
+    LrSchedule(1.0, 100, 10, "wsd", cooldown=95)
+  with pytest.raises(ValueError, match="read only by decay='wsd'"):
+    LrSchedule(1.0, 100, 10, "linear", cooldown=5)
+
+
+def test_wsd_scratch_and_a_vcycle_share_one_schedule_with_a_single_final_cooldown():
+  s = plan_of(levels=1, **{"train.steps": 200, "train.decay": "wsd", "train.cooldown_frac": 0.25}).stages[0]
+  assert (s.lr.decay, s.lr.warmup, s.lr.cooldown) == ("wsd", 10, 50)
+  p = plan_of(levels=2, **{"train.steps": 400, "train.decay": "wsd", "train.cooldown_frac": 0.2})
+  down, bottom, up = p.stages
+  assert bottom.lr.decay == "constant" and down.lr.decay == "constant"  # The small model hands over un-annealed.
+  assert up.lr.decay == "wsd" and up.lr.cooldown == 80  # Scratch's cool-down length (0.2 T), at the very end.
+  with pytest.raises(Exception, match="baseline_tail"):
+    plan_of(levels=2, **{"train.decay": "wsd", "cycle.final_schedule": "baseline_tail"})
+
+
+def test_a_continuous_wsd_curve_cut_into_stages_is_scratchs_curve():
+  import numpy as np
+
+  from multilevel.cycles.plan import scratch_schedules
+  from multilevel.train.config import TrainConfig
+  from multilevel.train.optim import schedule_for
+  train = TrainConfig(steps=300, lr=2e-3, decay="wsd", cooldown_frac=0.3, warmup_frac=0.05)
+  whole = _values(schedule_for(train, 2e-3, 300, 15), 300)
+  for cut in [(100, 100, 100), (40, 180, 80), (250, 50), (15, 285)]:
+    pieces = np.concatenate([_values(s, n) for s, n in zip(scratch_schedules(train, cut), cut)])
+    np.testing.assert_allclose(pieces, whole, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"train.cooldown_frac": 0.0}, "cooldown_frac"),
+    ({"train.decay": "wsd", "train.warmup_frac": 0.5, "train.cooldown_frac": 0.6}, "overlap"),
+])
+def test_bad_wsd_settings_are_refused(override, message):
+  with pytest.raises(Exception, match=message):
+    plan_of(levels=1, **override)

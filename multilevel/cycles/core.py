@@ -33,7 +33,7 @@ from multilevel import models as M
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps)
 from multilevel.models import relaxed as R
-from multilevel.train.optim import LrSchedule
+from multilevel.train.optim import schedule_for
 from multilevel.train.sharding import param_shardings, param_spec
 from multilevel.train.views import View
 from multilevel.typed_config import ConfigError, check_fields
@@ -123,9 +123,8 @@ def core_plan(model, cycle, train) -> Plan:
   rank = resolve_rank(model, opts.rank)
   n_relaxed, n_full = split_steps(train.steps, (opts.relaxed_frac, 1 - opts.relaxed_frac),
                                   ("cycle.core.relaxed_frac", "1 - cycle.core.relaxed_frac"))
-  relaxed_lr = LrSchedule(train.lr * opts.relaxed_lr_scale, n_relaxed, round(train.warmup_frac * n_relaxed),
-                          train.decay)
-  full_lr = LrSchedule(train.lr, n_full, round(opts.rewarmup_frac * n_full), train.decay)
+  relaxed_lr = schedule_for(train, train.lr * opts.relaxed_lr_scale, n_relaxed, round(train.warmup_frac * n_relaxed))
+  full_lr = schedule_for(train, train.lr, n_full, round(opts.rewarmup_frac * n_full))
   stages = (
       Stage(0, 0, "relaxed", "init", n_relaxed, optim_for(relaxed_lr, train), view=RelaxedView(rank, opts.chunk)),
       Stage(1, 0, "full", "transform", n_full, optim_for(full_lr, train)),

@@ -36,7 +36,7 @@ from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optim
                                     split_steps)
 from multilevel.models import axes as A
 from multilevel.train.flops import train_flops_per_step
-from multilevel.train.optim import LrSchedule
+from multilevel.train.optim import LrSchedule, schedule_for
 from multilevel.train.sharding import param_shardings, replicated
 from multilevel.train.views import View
 from multilevel.tree import flatten, unflatten
@@ -212,9 +212,9 @@ def ligo_plan(model, cycle, train) -> Plan:
                                  weight_decay=0.0)
   stages = (
       Stage(0, 1, "small", "init", n_small, optim_for(
-          LrSchedule(train.lr * opts.small_lr_scale, n_small, warm(n_small), train.decay), train)),
+          schedule_for(train, train.lr * opts.small_lr_scale, n_small, warm(n_small)), train)),
       Stage(1, 0, "operator", "operator", n_op, op_optim, view=LigoView(m, opts.init_noise)),
-      Stage(2, 0, "grown", "materialise", n_big, optim_for(LrSchedule(train.lr, n_big, warm(n_big), train.decay),
+      Stage(2, 0, "grown", "materialise", n_big, optim_for(schedule_for(train, train.lr, n_big, warm(n_big)),
                                                            train)),
   )
   return Plan("ligo", (model, m.small), stages, opts, (m,), train.seed)

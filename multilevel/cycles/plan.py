@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from multilevel.models import ModelConfig
 from multilevel.registry import Registry
-from multilevel.train.optim import LrSchedule, OptimConfig
+from multilevel.train.optim import LrSchedule, OptimConfig, schedule_for
 from multilevel.train.views import FULL, View
 
 
@@ -140,15 +140,18 @@ def scratch_schedules(train, steps: tuple[int, ...], peak: float | None = None) 
   piecewise-linear schedule; MSLT). The warm-up must end inside the first stage."""
   total, lr = sum(steps), float(train.lr if peak is None else peak)
   warm = round(train.warmup_frac * total)
-  if train.decay not in ("linear", "constant"):
+  if train.decay not in ("linear", "constant", "wsd"):
     raise ValueError(f"A learning-rate curve continuous across stages is built from linear pieces; train.decay="
-                     f"{train.decay!r} is not. Use train.decay='linear' (or 'constant'), or the method's option that "
-                     f"restarts the schedule at each stage.")
+                     f"{train.decay!r} is not. Use train.decay='linear' (or 'constant' or 'wsd'), or the method's "
+                     f"option that restarts the schedule at each stage.")
   if warm > steps[0]:
     raise ValueError(f"The warm-up ({warm} steps, train.warmup_frac={train.warmup_frac}) is longer than the first "
                      f"stage ({steps[0]} steps); lower train.warmup_frac or lengthen the first stage.")
   if train.decay == "constant":
     return tuple(LrSchedule(lr, n, warm if i == 0 else 0, "constant") for i, n in enumerate(steps))
+
+  if train.decay == "wsd":
+    return _wsd_pieces(train, steps, lr, warm)
 
   def at(t):  # The whole curve's value at step t.
     return lr * (t / warm if t < warm else (total - t) / max(total - warm, 1))
@@ -165,6 +168,30 @@ def scratch_schedules(train, steps: tuple[int, ...], peak: float | None = None) 
   return tuple(out)
 
 
+def _wsd_pieces(train, steps: tuple[int, ...], lr: float, warm: int) -> tuple[LrSchedule, ...]:
+  """Scratch's warm-up-stable-decay curve (the cool-down over the last ``train.cooldown_frac`` of the budget) cut
+  into the stages: stable stages hold the peak, the stage the cool-down starts in is itself a WSD piece, later ones
+  decay linearly on from where the curve is."""
+  total = sum(steps)
+  cool = min(max(1, round(float(train.cooldown_frac) * total)), total - warm)
+  knee = total - cool
+
+  def at(t):
+    return lr * (t / warm if t < warm else 1.0 if t <= knee else (total - t) / cool)
+
+  out, start = [], 0
+  for i, n in enumerate(steps):
+    end, w = start + n, (warm if i == 0 else 0)
+    if end <= knee:
+      out.append(LrSchedule(lr, n, w, "constant"))
+    elif start >= knee:
+      out.append(LrSchedule(at(start), n, 0, "linear", at(end) / at(start)))
+    else:
+      out.append(LrSchedule(lr, n, w, "wsd", at(end) / lr, cooldown=end - knee))
+    start = end
+  return tuple(out)
+
+
 def stage_schedules(train, steps: tuple[int, ...], mode: str, key: str) -> tuple[LrSchedule, ...]:
   """One schedule per stage: ``mode='continuous'`` cuts scratch's curve into the stages (``scratch_schedules``),
   ``'restart'`` gives each stage its own warm-up and decay; ``key`` names the option in errors."""
@@ -174,7 +201,7 @@ def stage_schedules(train, steps: tuple[int, ...], mode: str, key: str) -> tuple
     except ValueError as e:
       from multilevel.typed_config import ConfigError
       raise ConfigError(f"{key}='continuous': {e}") from None
-  return tuple(LrSchedule(train.lr, n, round(train.warmup_frac * n), train.decay) for n in steps)
+  return tuple(schedule_for(train, train.lr, n, round(train.warmup_frac * n)) for n in steps)
 
 
 def fresh_optimizer(dst: Stage) -> tuple[str, Callable[[dict], dict]]:

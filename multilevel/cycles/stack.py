@@ -27,7 +27,7 @@ import dataclasses
 from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
-from multilevel.train.optim import LrSchedule
+from multilevel.train.optim import LrSchedule, schedule_for
 from multilevel.typed_config import ConfigError, check_fields
 
 LR_SCHEDULES = ("continuous", "restart")
@@ -94,7 +94,7 @@ def gstack_plan(model, cycle, train) -> Plan:
   warm = lambda n: round(train.warmup_frac * n)
   s0 = Stage(0, 1, "small", "init", n_small,
              optim_for(LrSchedule(train.lr * opts.small_lr_scale, n_small, warm(n_small), "constant"), train))
-  s1 = Stage(1, 0, "stacked", "stack", n_big, optim_for(LrSchedule(train.lr, n_big, warm(n_big), train.decay), train))
+  s1 = Stage(1, 0, "stacked", "stack", n_big, optim_for(schedule_for(train, train.lr, n_big, warm(n_big)), train))
   maps = (stack_map(small.num_layers, model, opts.factor),)
   return Plan("gstack", (model, small), (s0, s1), opts, maps, train.seed)
 

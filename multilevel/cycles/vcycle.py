@@ -27,7 +27,7 @@ from multilevel import models as M
 from multilevel import operators as O
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
 from multilevel.models import ModelConfig
-from multilevel.train.optim import LrSchedule, carry_moments
+from multilevel.train.optim import LrSchedule, carry_moments, schedule_for
 from multilevel.typed_config import ConfigError
 
 def _schemes(value: Any, name: str, n: int) -> list:
@@ -69,8 +69,26 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
 
   if k == 1:
     warm = round(train.warmup_frac * total)
-    stage = Stage(0, 0, "scratch", "init", total, opt(LrSchedule(lr, total, warm, decay)))
+    stage = Stage(0, 0, "scratch", "init", total, opt(schedule_for(train, lr, total, warm)))
     return Plan("vcycle", (model,), (stage,), cycle, (), train.seed)
+  wsd = decay == "wsd"
+  if wsd and cycle.final_schedule == "baseline_tail":
+    raise ConfigError("cycle.final_schedule='baseline_tail' continues scratch's linear decay; with train.decay='wsd' "
+                      "every stage but the last already holds the peak and the last cools down as scratch does. Use "
+                      "cycle.final_schedule='restart' (the default) with WSD.")
+
+  def trained(peak, n, warm, final):
+    """One WSD schedule spans all levels: each stage holds its peak and only the last one cools down, over as many
+    steps as scratch's cool-down (train.cooldown_frac of T, at most what the stage leaves after its warm-up)."""
+    if not wsd:
+      return LrSchedule(peak, n, warm, decay)
+    if not final:
+      return LrSchedule(peak, n, warm, "constant")
+    cool = min(max(1, round(train.cooldown_frac * total)), n - warm)
+    if cool < 1:
+      raise ConfigError(f"The last stage ({n} steps, {warm} of warm-up) leaves no step for the WSD cool-down; lower "
+                        f"cycle.transition_warmup_frac or raise up_fracs[0].")
+    return LrSchedule(peak, n, warm, "wsd", cooldown=cool)
 
   widths = _schemes(cycle.width_schemes, "width_schemes", k - 1)
   depths = _schemes(cycle.depth_schemes, "depth_schemes", k - 1)
@@ -99,7 +117,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
     held.append(lvl)  # Coalescing this level keeps it as the interpolation partner of the way back up.
   n = steps_of(cycle.small_frac, "small_frac")
   stages.append(Stage(len(stages), k - 1, "bottom", "coalesce", n,
-                      opt(LrSchedule(lr * float(scales[k - 1]), n, round(tw * n), decay)), tuple(held)))
+                      opt(trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held)))
   for lvl in range(k - 2, -1, -1):
     n = steps_of(up[lvl], f"up_fracs[{lvl}]")
     peak = lr * float(scales[lvl])
@@ -108,7 +126,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
       warm_base = round(train.warmup_frac * total)
       peak = lr * min(1.0, n / max(total - warm_base, 1))
     held.remove(lvl)  # Growing into this level consumes its snapshot.
-    stages.append(Stage(len(stages), lvl, "up", "grow", n, opt(LrSchedule(peak, n, round(tw * n), decay)),
+    stages.append(Stage(len(stages), lvl, "up", "grow", n, opt(trained(peak, n, round(tw * n), lvl == 0)),
                         tuple(sorted(held))))
   return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
 

@@ -16,7 +16,8 @@ class TrainConfig:
   batch_size: int = 32  # The global batch, over all devices and processes.
   lr: float = 1e-3  # Peak learning rate of the target model.
   warmup_frac: float = 0.05
-  decay: str = "linear"  # linear | cosine | constant
+  decay: str = "linear"  # linear | cosine | constant | wsd (warm-up, stable, then a linear cool-down)
+  cooldown_frac: float = 0.2  # decay='wsd': the cool-down's share of the steps (of the run; per stage for methods).
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.999
@@ -47,6 +48,12 @@ class TrainConfig:
       raise ConfigError(f"train.decay must be one of {DECAYS}, got {self.decay!r}.")
     if not 0 <= self.warmup_frac <= 1:
       raise ConfigError(f"train.warmup_frac must be in [0, 1], got {self.warmup_frac}.")
+    if not 0 < self.cooldown_frac <= 1:
+      raise ConfigError(f"train.cooldown_frac (the WSD cool-down's share of the steps) must be in (0, 1], got "
+                        f"{self.cooldown_frac}.")
+    if self.decay == "wsd" and self.warmup_frac + self.cooldown_frac > 1:
+      raise ConfigError(f"train.warmup_frac={self.warmup_frac} + train.cooldown_frac={self.cooldown_frac} > 1: the "
+                        f"warm-up and the WSD cool-down overlap; lower one of them.")
     if self.batch_size % self.grad_accum:
       raise ConfigError(f"train.batch_size={self.batch_size} cannot be split into train.grad_accum="
                         f"{self.grad_accum} equal microbatches; choose a batch size divisible by grad_accum.")

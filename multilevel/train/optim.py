@@ -9,18 +9,22 @@ import optax
 
 from multilevel.tree import flatten, unflatten
 
-DECAYS = ("linear", "cosine", "constant")
+DECAYS = ("linear", "cosine", "constant", "wsd")
 
 
 @dataclasses.dataclass(frozen=True)
 class LrSchedule:
-  """Peak learning rate, linear warm-up steps, then decay over the rest of ``steps`` (to ``end_frac * peak``)."""
+  """Peak learning rate, linear warm-up steps, then decay over the rest of ``steps`` (to ``end_frac * peak``).
+
+  ``decay='wsd'`` (warm-up, stable, decay) holds the peak after the warm-up and decays linearly to ``end_frac *
+  peak`` over the last ``cooldown`` steps only; the other decays take no ``cooldown``."""
 
   peak: float
   steps: int
   warmup: int = 0
   decay: str = "linear"
   end_frac: float = 0.0
+  cooldown: int = 0
 
   def __post_init__(self):
     if self.decay not in DECAYS:
@@ -29,6 +33,12 @@ class LrSchedule:
       raise ValueError(f"Bad schedule: {self.steps} steps with {self.warmup} warm-up steps.")
     if not self.peak > 0:
       raise ValueError(f"The peak learning rate must be positive, got {self.peak}.")
+    if self.decay == "wsd" and not 1 <= self.cooldown <= self.steps - self.warmup:
+      raise ValueError(f"A warm-up-stable-decay schedule of {self.steps} steps with {self.warmup} warm-up steps "
+                       f"needs 1 to {self.steps - self.warmup} cool-down steps, got {self.cooldown}; raise "
+                       f"train.cooldown_frac or the stage's steps.")
+    if self.decay != "wsd" and self.cooldown:
+      raise ValueError(f"cooldown={self.cooldown} is read only by decay='wsd', not {self.decay!r}.")
 
   def build(self) -> optax.Schedule:
     rest = self.steps - self.warmup
@@ -41,9 +51,26 @@ class LrSchedule:
       parts.append(optax.constant_schedule(self.peak))
     elif self.decay == "linear":
       parts.append(optax.linear_schedule(self.peak, end, rest))
+    elif self.decay == "wsd":
+      if rest > self.cooldown:
+        parts.append(optax.constant_schedule(self.peak))
+        bounds.append(self.warmup + rest - self.cooldown)
+      parts.append(optax.linear_schedule(self.peak, end, self.cooldown))
     else:
       parts.append(optax.cosine_decay_schedule(self.peak, rest, alpha=self.end_frac))
     return optax.join_schedules(parts, bounds) if bounds else parts[0]
+
+
+def schedule_for(train, peak: float, steps: int, warmup: int) -> LrSchedule:
+  """A stage's schedule from the ``train`` section's decay: for ``'wsd'``, the cool-down is ``train.cooldown_frac``
+  of the stage's steps (at least one, at most what the warm-up leaves)."""
+  if train.decay != "wsd":
+    return LrSchedule(peak, steps, warmup, train.decay)
+  cooldown = min(max(1, round(float(train.cooldown_frac) * steps)), steps - warmup)
+  if cooldown < 1:
+    raise ValueError(f"A stage of {steps} steps with a {warmup}-step warm-up leaves no step for the WSD cool-down; "
+                     f"lower train.warmup_frac or lengthen the stage.")
+  return LrSchedule(peak, steps, warmup, "wsd", cooldown=cooldown)
 
 
 def decay_mask(params):
