@@ -114,3 +114,41 @@ def test_a_continuous_wsd_curve_cut_into_stages_is_scratchs_curve():
 def test_bad_wsd_settings_are_refused(override, message):
   with pytest.raises(Exception, match=message):
     plan_of(levels=1, **override)
+
+
+# ------------------------------------------------------------------------------------------------ muP's rates
+
+
+def test_mup_doubles_the_rate_of_hidden_matrices_at_half_width_and_nothing_else():
+  from multilevel import models as M
+  from multilevel.cycles.plan import mup_multipliers
+  big = M.preset("gpt-test").replace(vocab_size=64)
+  half = big.replace(num_heads=big.num_heads // 2)
+  m = dict(mup_multipliers(big, half))
+  assert m == {f"layers/{k}/kernel": 2.0 for k in ("attn/query", "attn/key", "attn/value", "attn/out", "mlp/fc1",
+                                                    "mlp/fc2")}
+  assert mup_multipliers(big, big.replace(num_layers=1)) == ()  # Depth only: every fan-in is the target's.
+
+
+def test_lr_multipliers_scale_exactly_the_named_updates():
+  import jax
+  import jax.numpy as jnp
+
+  from multilevel.train.optim import LrSchedule, OptimConfig
+  params = {"a": {"kernel": jnp.ones((3, 2))}, "b": {"bias": jnp.ones((2,))}}
+  grads = jax.tree.map(lambda x: 0.1 * jnp.arange(x.size, dtype=jnp.float32).reshape(x.shape) + 0.01, params)
+  plain = OptimConfig(LrSchedule(1e-2, 10, 0, "constant"))
+  scaled = OptimConfig(LrSchedule(1e-2, 10, 0, "constant"), lr_multipliers=(("a/kernel", 2.0),))
+  up = lambda oc: oc.build().update(grads, oc.build().init(params), params)[0]
+  u0, u1 = up(plain), up(scaled)
+  assert (u1["a"]["kernel"] == 2.0 * u0["a"]["kernel"]).all() and (u1["b"]["bias"] == u0["b"]["bias"]).all()
+
+
+def test_a_mup_vcycle_gives_only_its_narrower_levels_multipliers():
+  p = plan_of(levels=2, **{"cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0)})
+  down, bottom, up = p.stages
+  assert down.optim.lr_multipliers == () and up.optim.lr_multipliers == ()
+  assert dict(bottom.optim.lr_multipliers)["layers/mlp/fc1/kernel"] == 2.0
+  assert plan_of(levels=2).stages[1].optim.lr_multipliers == ()  # The default rule: lr_scales only.
+  with pytest.raises(Exception, match="lr_rule"):
+    plan_of(levels=2, **{"cycle.lr_rule": "sqrt"})

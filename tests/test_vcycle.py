@@ -64,6 +64,7 @@ def test_vcycle_costs_less_than_scratch_at_equal_budget(tmp_path):
     {"cycle.preln_exact": True, "cycle.depth_factor": 1},
     {"cycle.restart_control": True},
     {"train.grad_accum": 2, "cycle.transition_warmup_frac": 0.2, "cycle.final_schedule": "baseline_tail"},
+    {"train.decay": "wsd", "cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0)},
 ])
 def test_vcycle_options_run(tmp_path, override):
   s = train_and_evaluate(tiny_config("gpt", levels=2, deep=True, **override), str(tmp_path))

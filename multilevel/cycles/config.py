@@ -24,6 +24,7 @@ from multilevel.typed_config import ConfigError, check_fields, section_from
 
 OPT_POLICIES = ("reset", "carry")
 FINAL_SCHEDULES = ("restart", "baseline_tail")
+LR_RULES = ("fixed", "mup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,9 @@ class CycleConfig:
   small_frac: float = 0.5  # Steps at the smallest level.
   up_fracs: tuple[float, ...] = (0.5, 0.25, 0.25)  # Steps at each level after growing back (level 0 = the end).
   lr_scales: tuple[float, ...] = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
+  # fixed: lr_scales only | mup: also muP's per-parameter rates at narrower levels (hidden matrices x fan-in ratio);
+  # meant with lr_scales = (1, 1, 1), since muP already raises the small model's rates where the width asks it.
+  lr_rule: str = "fixed"
   w_pre: float = 0.5  # Interpolation weight of the pre-coalescing model.
   split_noise: float = 0.0  # >0: zero-sum noise on the grown copies' read side (keeps the function).
   optimizer_policy: str = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
@@ -70,7 +74,7 @@ class CycleConfig:
     check_fields(self, "cycle")
     if self.levels < 1:
       raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
-    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES),
+    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES),
                ("depth_mode", DEPTH_MODES), ("depth_growth", DEPTH_GROWTH))
     for name, allowed in choices:
       if getattr(self, name) not in allowed:

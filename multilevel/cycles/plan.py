@@ -127,10 +127,34 @@ register_method = METHODS.register
 method_of = METHODS.get
 
 
-def optim_for(schedule: LrSchedule, train) -> OptimConfig:
+def optim_for(schedule: LrSchedule, train, lr_multipliers: tuple = ()) -> OptimConfig:
   """The stage optimizer: AdamW with the run's hyperparameters (``train``: a TrainConfig) and ``schedule``."""
   return OptimConfig(schedule, float(train.weight_decay), float(train.b1), float(train.b2), float(train.eps),
-                     float(train.grad_clip))
+                     float(train.grad_clip), tuple(lr_multipliers))
+
+
+def mup_multipliers(target: ModelConfig, level: ModelConfig) -> tuple[tuple[str, float], ...]:
+  """muP's learning rates for Adam at a narrower level: a parameter whose fan-in shrinks with the width (its axes of
+  an input role, ``hidden:in``, ``heads:in``, ``ffn:in``, in the family's axis table) gets the ratio of the target's
+  fan-in to the level's as its multiplier, so the hidden matrices of a model at half the width train at twice the
+  rate; vector-like parameters (biases, norms, embedding tables, inputs of fixed size) keep 1. Only parameters whose
+  factor is not 1 are listed."""
+  from multilevel import models as M
+  from multilevel.models import axes as A
+  from multilevel.tree import flatten
+  table = M.family_of(level).axes
+  big, small = flatten(M.abstract_params(target)), flatten(M.abstract_params(level))
+  fan_in = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
+  out = []
+  for path, leaf in sorted(small.items()):
+    roles = table.get(path, ())
+    factor = 1.0
+    for axis, role in enumerate(roles):
+      if role in fan_in:
+        factor *= big[path].shape[axis] / leaf.shape[axis]
+    if factor != 1.0:
+      out.append((path, factor))
+  return tuple(out)
 
 
 def scratch_schedules(train, steps: tuple[int, ...], peak: float | None = None) -> tuple[LrSchedule, ...]:

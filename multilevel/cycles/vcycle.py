@@ -25,7 +25,7 @@ from typing import Any
 
 from multilevel import models as M
 from multilevel import operators as O
-from multilevel.cycles.plan import Method, Plan, Stage, Transition, optim_for, register_method
+from multilevel.cycles.plan import Method, Plan, Stage, Transition, mup_multipliers, optim_for, register_method
 from multilevel.models import ModelConfig
 from multilevel.train.optim import LrSchedule, carry_moments, schedule_for
 from multilevel.typed_config import ConfigError
@@ -107,17 +107,20 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
   up = _tuple(cycle.up_fracs, k - 1, "up_fracs")
   tw = cycle.transition_warmup_frac
   steps_of = lambda frac, name: _positive(round(float(frac) * total), name)
+  # cycle.lr_rule='mup': per-parameter rates at each narrower level (plan.mup_multipliers); the target's are all 1.
+  mup = {lvl: mup_multipliers(model, levels[lvl]) if cycle.lr_rule == "mup" and lvl else () for lvl in range(k)}
+  opt_at = lambda lvl, schedule: optim_for(schedule, train, mup[lvl])
 
   stages, held = [], []
   for lvl in range(k - 1):
     n = steps_of(down[lvl], f"down_fracs[{lvl}]")
     # Reference stage 1: linear warm-up over the whole stage, stopping at the peak.
     stages.append(Stage(len(stages), lvl, "down", "init" if lvl == 0 else "coalesce", n,
-                        opt(LrSchedule(lr * float(scales[lvl]), n, n, "constant")), tuple(held)))
+                        opt_at(lvl, LrSchedule(lr * float(scales[lvl]), n, n, "constant")), tuple(held)))
     held.append(lvl)  # Coalescing this level keeps it as the interpolation partner of the way back up.
   n = steps_of(cycle.small_frac, "small_frac")
   stages.append(Stage(len(stages), k - 1, "bottom", "coalesce", n,
-                      opt(trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held)))
+                      opt_at(k - 1, trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held)))
   for lvl in range(k - 2, -1, -1):
     n = steps_of(up[lvl], f"up_fracs[{lvl}]")
     peak = lr * float(scales[lvl])
@@ -126,7 +129,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
       warm_base = round(train.warmup_frac * total)
       peak = lr * min(1.0, n / max(total - warm_base, 1))
     held.remove(lvl)  # Growing into this level consumes its snapshot.
-    stages.append(Stage(len(stages), lvl, "up", "grow", n, opt(trained(peak, n, round(tw * n), lvl == 0)),
+    stages.append(Stage(len(stages), lvl, "up", "grow", n, opt_at(lvl, trained(peak, n, round(tw * n), lvl == 0)),
                         tuple(sorted(held))))
   return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
 

@@ -90,6 +90,8 @@ class OptimConfig:
   b2: float = 0.999
   eps: float = 1e-8
   grad_clip: float = 1.0
+  # Per-parameter learning-rate multipliers, ('/'-joined path, factor) pairs; parameters not named keep 1.
+  lr_multipliers: tuple[tuple[str, float], ...] = ()
 
   def build(self) -> optax.GradientTransformation:
     parts = []
@@ -97,7 +99,21 @@ class OptimConfig:
       parts.append(optax.clip_by_global_norm(self.grad_clip))
     parts.append(optax.adamw(self.schedule.build(), b1=self.b1, b2=self.b2, eps=self.eps,
                              weight_decay=self.weight_decay, mask=decay_mask))
+    if self.lr_multipliers:
+      parts.append(scale_leaves(dict(self.lr_multipliers)))
     return optax.chain(*parts)
+
+
+def scale_leaves(factors: dict[str, float]) -> optax.GradientTransformation:
+  """Multiplies the update of each parameter named in ``factors`` ('/'-joined path) by its factor: a per-parameter
+  learning rate (it scales AdamW's decoupled weight decay with it, as a learning rate does)."""
+
+  def update(updates, state, params=None):
+    del params
+    flat = flatten(updates)
+    return unflatten({k: v * factors[k] if k in factors else v for k, v in flat.items()}), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def carry_moments(old_state, new_state, fn):
