@@ -55,6 +55,10 @@ VARIANTS = {
     "depth_zero_split_top05": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
                                "cycle.lr_scales": (0.5, 4.0, 4.0)},  # The big model at half the peak LR.
     "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0)},
+    # muP's per-parameter rates at the small level instead of 4x everywhere; shrink and perturb at growth. (A WSD
+    # comparison runs scratch with WSD too: --set train.decay=wsd, with any variant.)
+    "depth_zero_mup": {**_ZERO, "cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0, 1.0)},
+    "depth_zero_sp": {**_ZERO, "cycle.shrink_perturb": (0.9, 0.1)},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},
     "control": {**_W, "cycle.restart_control": True},

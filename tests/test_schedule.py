@@ -152,3 +152,26 @@ def test_a_mup_vcycle_gives_only_its_narrower_levels_multipliers():
   assert plan_of(levels=2).stages[1].optim.lr_multipliers == ()  # The default rule: lr_scales only.
   with pytest.raises(Exception, match="lr_rule"):
     plan_of(levels=2, **{"cycle.lr_rule": "sqrt"})
+
+
+def test_shrink_and_perturb_mixes_the_grown_model_with_a_fresh_initialisation():
+  import jax
+  import numpy as np
+
+  from multilevel import models as M
+  from multilevel.cycles import method_of
+  p = plan_of(levels=2, deep=False, **{"cycle.shrink_perturb": (0.5, 0.1)})
+  _, bottom, up = p.stages
+  t = method_of("vcycle").transition(p, bottom, up)
+  assert [name for name, _ in t.parts] == ["grow", "interpolate", "shrink_perturb", "optimizer"]
+  assert t.final_event == "after_shrink_perturb" and t.probe_levels["after_interpolate"] == 0
+  small = M.init_params(p.levels[1], 3)
+  held = M.init_params(p.levels[0], 4)
+  opt = up.optim.build().init(held)
+  params, _, _, probes = t(small, opt, {0: held})
+  fresh = M.init_params(p.levels[0], p.seed + 2000 + up.index)
+  want = jax.tree.map(lambda a, r: 0.5 * a + 0.1 * r, probes["after_interpolate"], fresh)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  with pytest.raises(Exception, match="shrink_perturb"):
+    plan_of(levels=2, **{"cycle.shrink_perturb": (0.0, 0.1)})

@@ -62,6 +62,9 @@ class CycleConfig:
   transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
   final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
   restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
+  # Shrink and perturb at growth (Ash & Adams 2020): params <- shrink * params + perturb * a fresh initialisation,
+  # after interpolating. (1, 0) = off; it trades the function-preserving hand-over for plasticity.
+  shrink_perturb: tuple[float, float] = (1.0, 0.0)
   # The other methods' options (each method's file defines its section).
   gstack: GStackConfig = GStackConfig()
   stackbert: StackBertConfig = StackBertConfig()
@@ -84,6 +87,10 @@ class CycleConfig:
     if not self.split_noise >= 0.0:
       raise ConfigError(f"cycle.split_noise (relative noise that breaks the copies' symmetry after growth) must be "
                         f">= 0, got {self.split_noise}; 0 turns it off.")
+    sp = tuple(self.shrink_perturb) if isinstance(self.shrink_perturb, (list, tuple)) else ()
+    if len(sp) != 2 or not 0.0 < float(sp[0]) <= 1.0 or not float(sp[1]) >= 0.0:
+      raise ConfigError(f"cycle.shrink_perturb must be (shrink, perturb) with 0 < shrink <= 1 and perturb >= 0, got "
+                        f"{self.shrink_perturb!r}; (1, 0) turns it off.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
 

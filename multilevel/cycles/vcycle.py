@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jax
+
 from multilevel import models as M
 from multilevel import operators as O
 from multilevel.cycles.plan import Method, Plan, Stage, Transition, mup_multipliers, optim_for, register_method
@@ -157,8 +159,21 @@ def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
       return {"params": O.interpolate(c["after_decoalesce"], c["taken"][dst.level], w_pre=cycle.w_pre,
                                       check_finite=False)}
 
-    return _complete(plan, dst, "grow", [("grow", grow), ("interpolate", interpolate)], "after_interpolate",
-                     (dst.level,), (), {"after_decoalesce": dst.level}, lambda t: O.decoalesce(t, m, check=False, check_finite=False))
+    parts, event, probes = [("grow", grow), ("interpolate", interpolate)], "after_interpolate", {
+        "after_decoalesce": dst.level}
+    shrink, perturb = (float(x) for x in cycle.shrink_perturb)
+    if (shrink, perturb) != (1.0, 0.0):
+      # Drawn eagerly, as a model's initial parameters always are; the interpolated model becomes a probe.
+      fresh = M.init_params(plan.levels[dst.level], plan.seed + 2000 + dst.index)
+
+      def shrink_and_perturb(c):
+        mixed = jax.tree.map(lambda p, r: shrink * p + perturb * r, c["params"], fresh)
+        return {"after_interpolate": c["params"], "params": mixed}
+
+      parts.append(("shrink_perturb", shrink_and_perturb))
+      probes["after_interpolate"], event = dst.level, "after_shrink_perturb"
+    return _complete(plan, dst, "grow", parts, event, (dst.level,), (), probes,
+                     lambda t: O.decoalesce(t, m, check=False, check_finite=False))
   raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
 
 
