@@ -39,6 +39,8 @@ _TARGET_FROM = flags.DEFINE_list("target_from", [], "Instead of the target's pil
                                  "scratch runs are the target's frontier).")
 _SMALL_FROM = flags.DEFINE_list("small_from", [], "Instead of the candidates' pilots: level runs of benchmarks.bound "
                                 "(one candidate per level file; its --set cycle.* overrides name the candidate).")
+_COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
+                                     "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
 
 
@@ -88,7 +90,11 @@ def pilot(spec: str, sets: dict, overrides: dict, steps: int, workdir: str) -> d
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  import jax
+
   from multilevel.cycles import planner
+  if _COMPILE_CACHE.value:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   steps, spec, work = _STEPS.value, _CONFIG.value, _WORKDIR.value
   bad = [kv for kv in _SET.value if "=" not in kv]
   if bad:

@@ -90,8 +90,9 @@ def test_the_plan_command_runs_pilots_and_writes_a_config_the_driver_runs(tmp_pa
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
   sets = ["--set=data.cache_dir=" + CACHE, "--set=train.batch_size=4"]
-  cmd = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=16", f"--workdir={tmp_path}",
-         "--target_pilots=4,8,16", "--small_pilots=4,8,16", "--lr_scales=4", "--candidates=halve", *sets]
+  cmd = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8", f"--workdir={tmp_path}",
+         "--target_pilots=4,8", "--small_pilots=4,8", "--lr_scales=4", "--candidates=halve", *sets,
+         f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}"]
   r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "plan:" in r.stdout and "pilots cost" in r.stdout
@@ -99,7 +100,8 @@ def test_the_plan_command_runs_pilots_and_writes_a_config_the_driver_runs(tmp_pa
   again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert again.returncode == 0 and again.stdout == r.stdout
   run = subprocess.run([sys.executable, "-m", "experiments.train", f"--config={tmp_path / 'plan_config.py'}",
-                        f"--workdir={tmp_path / 'run'}", "--config.progress=False", "--config.tensorboard=False"],
+                        f"--workdir={tmp_path / 'run'}", "--config.progress=False", "--config.tensorboard=False",
+                        f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "final eval loss" in run.stdout
