@@ -183,6 +183,10 @@ def table(d: dict) -> str:
       fl = ", ".join("-" if f is None else f"{f:.2g}" for f in b["switch_flops"])
       cells.append(f"{100 * b['bound_saving']:+.0f}% ({sw}; {fl})")
       env = f"{b['envelope_model']}: {100 * b['envelope_saving']:+.0f}%"
+      if b.get("envelope_at_least"):
+        n, x = max(b["envelope_at_least"].items(), key=lambda kv: kv[1])
+        cells[-1] = f"unmeasured: {n}'s shortest run ends below this loss"
+        env = f"{n}: at least {100 * x:+.0f}%"
     cells.append(env)
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -200,9 +204,13 @@ def plot(d: dict, path: str) -> None:
   ax[0].set_ylabel("final eval loss (fully decayed scratch)")
   ax[0].legend()
   for n in [k for k in d["budgets"][0] if k.endswith("-level")]:
-    xs = [(r["tokens_per_param"], r[n]["bound_saving"]) for r in d["budgets"] if r[n] is not None]
-    if xs:
-      ax[1].plot(*zip(*xs), "k-" if n == "2-level" else "k--", lw=2, label=f"bound, {n}")
+    ok = [r for r in d["budgets"] if r[n] is not None and not r[n].get("envelope_at_least")]
+    if ok:
+      ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["bound_saving"] for r in ok],
+                 "k-" if n == "2-level" else "k--", lw=2, label=f"bound, {n}")
+      if n == "2-level":
+        ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["envelope_saving"] for r in ok], "k:", lw=1.5,
+                   label="best single model (envelope)")
   for name, xs in sorted(d["measured"].items()):
     ax[1].plot(*zip(*sorted(xs)), marker="o", lw=0.8, label=name)
   ax[1].axhline(0, color="gray", lw=0.8)

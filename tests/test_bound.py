@@ -72,6 +72,11 @@ def test_the_envelope_names_a_smaller_model_that_reaches_the_loss_for_less():
   small = loglinear("small", 6.0, 3.5, 0.25e12, 2.0)
   b = bound_at([small, BIG], 4.0)
   assert b["envelope_model"] == "small" and b["envelope_saving"] == pytest.approx(0.75, rel=1e-9)
+  assert b["envelope_at_least"] == {}
+  # A small model whose shortest run already ends below the loss: only a lower bound on what it saves alone.
+  low = loglinear("small", 5.5, 3.5, 0.25e12, 2.0)
+  b = bound_at([low, BIG], 5.8)
+  assert b["envelope_at_least"]["small"] == pytest.approx(1 - 0.25e12 / BIG.cost(5.8), rel=1e-9)
 
 
 def test_the_level_overrides_are_the_default_plans_small_model():

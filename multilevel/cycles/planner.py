@@ -129,7 +129,12 @@ def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> 
     return None
   singles = [(f.cost(target_loss), f.name) for f in chain]
   best_single = min((c, n) for c, n in singles if c is not None)
+  # A smaller model whose shortest measured run already ends below the loss reaches it for less than that run:
+  # the envelope is at least this (and the bound above, which only hands over inside measured ranges, is too low).
+  below = [(f.points[0][0], f.name) for f in chain[:-1] if f.loss_range[1] < target_loss]
+  at_least = {n: 1 - c / full for c, n in below if c < full}
   return {"target_loss": target_loss, "target_flops": full, "ideal_flops": ideal["flops"],
+          "envelope_at_least": at_least,
           "bound_saving": 1 - ideal["flops"] / full, "switch_losses": ideal["switch_losses"],
           "switch_flops": [None if l is None else f.cost(l) for f, l in zip(chain, ideal["switch_losses"])],
           "envelope_model": best_single[1], "envelope_saving": 1 - best_single[0] / full}
