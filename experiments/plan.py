@@ -145,7 +145,7 @@ def main(argv):
     lr_scale = best[max(best)][2]
     candidates.append(planner.Candidate(
         name, planner.Frontier(name, points), best[min(best)][0] / min(best), lr_scale, cycle,
-        sum(p["total_flops"] for p in record["pilots"] if p["model"] == name)))
+        sum(p["total_flops"] for p in record["pilots"] if p["model"] == name), model))
   plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost)
   print(planner.describe(plan))
   record["plan"] = plan
@@ -187,7 +187,8 @@ def candidate_from_bound(path: str):
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
   n = min(best)
   return planner.Candidate(name, planner.Frontier(name, tuple((f, l) for f, l, _ in best.values())),
-                           best[n][0] / n, best[max(best)][2], cycle, sum(r["total_flops"] for r in d["runs"]))
+                           best[n][0] / n, best[max(best)][2], cycle, sum(r["total_flops"] for r in d["runs"]),
+                           d.get("model", {}))
 
 
 def config_file(spec: str, sets: dict, plan: dict) -> str:

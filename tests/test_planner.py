@@ -135,3 +135,17 @@ def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tm
   assert c.cycle.width_factor == 1 and c.train.steps == 2000 and tuple(c.cycle.lr_scales) == (1.0, 4.0)
   stages = build_plan(model_config(c, None), c.cycle, c.train).stages
   assert [s.steps for s in stages] == [1, p["small_steps"], p["big_steps"]]
+
+
+def test_a_smaller_model_that_reaches_the_loss_alone_is_named_and_the_target_still_trains():
+  # The small model reaches every loss of the target for a quarter of the FLOPs: the bound hands over at the
+  # budget's loss itself; the plan still trains the target for 5% of the steps and names the small model alone.
+  small = Candidate("halve", loglinear("small", 6.0, 3.8, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 0.0,
+                    {"model.num_layers": 1})
+  p = planner.plan_vcycle(TARGET, STEP, 2000, [small])
+  assert p["switch_loss"] == pytest.approx(TARGET.loss_at(2000 * STEP), abs=0.01)
+  assert p["big_steps"] == 100
+  a = p["smaller_model_alone"]
+  assert a["candidate"] == "halve" and a["saving"] == pytest.approx(0.75, rel=1e-6) and not a["at_most"]
+  assert a["overrides"] == {"model.num_layers": 1, "cycle.levels": 1, "train.steps": 2000} and a["lr_scale"] == 4.0
+  assert "trained alone reaches the same loss" in planner.describe(p)

@@ -155,15 +155,20 @@ class Candidate:
   lr_scale: float
   cycle: dict = dataclasses.field(default_factory=dict)
   pilot_flops: float = 0.0
+  model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
 
 
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
-                target_pilot_flops: float = 0.0) -> dict:
+                target_pilot_flops: float = 0.0, min_big_frac: float = 0.05) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
-  measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything.
+  measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything. The
+  target trains at least ``min_big_frac`` of the steps after growing, even where the bound would hand over at the
+  budget's loss itself (a smaller model that reaches it alone, for which the plan also reports that option).
 
   Returns ``overrides`` (config keys the driver runs as they are), the predicted loss and FLOPs, the predicted
-  saving, the pilots' FLOPs and the saving net of them, and one row per candidate."""
+  saving, the pilots' FLOPs and the saving net of them, one row per candidate, and ``smaller_model_alone``: the best
+  candidate trained alone to the budget's loss, when one gets there for less (you would end with that model, not the
+  target: the envelope a user who only wants the loss would also consider)."""
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -184,22 +189,30 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
     if b is not None and b["switch_losses"][0] is not None:
       switch = b["switch_losses"][0]
       small = max(1, round(c.frontier.cost(switch) / c.step_flops))
-      big = round(steps - target.cost(switch) / target_step_flops)
-      if big < 1:
-        rows.append(dict(row, why="the target's frontier reaches the switch loss only past the budget"))
-        continue
+      big = max(round(min_big_frac * steps), round(steps - target.cost(switch) / target_step_flops), 1)
       flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
       row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
       if best is None or row["saving"] > best[1]["saving"]:
         best = (c, row)
     rows.append(row)
+  alone = []
+  for c in candidates:
+    cost = c.frontier.cost(target_loss)
+    if cost is None and c.frontier.loss_range[1] < target_loss:
+      cost = c.frontier.points[0][0]  # Its shortest run already ends lower: at most that much.
+    if cost is not None and cost < budget:
+      alone.append({"candidate": c.name, "steps": max(1, round(cost / c.step_flops)), "flops": cost,
+                    "saving": 1 - cost / budget, "at_most": c.frontier.cost(target_loss) is None,
+                    "lr_scale": c.lr_scale,  # Of the target's train.lr.
+                    "overrides": {**c.model, "cycle.levels": 1, "train.steps": max(1, round(cost / c.step_flops))}})
+  smaller = max(alone, key=lambda a: a["saving"]) if alone else None
   base = {"train.steps": steps}
   scope = {"budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
            if beyond else "scratch's at the budget, on the target's frontier"}
   if best is None or best[1]["saving"] <= 0:
     return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
-            "net_saving": -pilots / budget, "candidates": rows,
+            "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller,
             "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
   c, row = best
   # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
@@ -211,7 +224,8 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
           "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
           "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
-          "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows}
+          "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
+          "smaller_model_alone": smaller}
 
 
 def describe(plan: dict) -> str:
@@ -227,4 +241,9 @@ def describe(plan: dict) -> str:
       lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  a = plan.get("smaller_model_alone")
+  if a:
+    lines.append(f"note: {a['candidate']} trained alone reaches the same loss in {'at most ' if a['at_most'] else ''}"
+                 f"{a['steps']} steps ({100 * a['saving']:+.1f}% of the FLOPs saved); you would end with that "
+                 f"smaller model, not the target")
   return "\n".join(lines)
