@@ -28,14 +28,13 @@ who only wants the lowest loss for the compute would consider instead of the tar
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 from absl import app, flags, logging
 
 from benchmarks import cli, saving
-from multilevel.cycles.planner import Frontier, bound_at, ideal_cost  # noqa: F401  (re-exported for the tests)
+from multilevel.cycles.planner import Frontier, bound_at, ideal_cost, model_overrides  # noqa: F401
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -76,9 +75,7 @@ def level_overrides(family: str, level: int, levels: int, extra: dict) -> dict:
   if not 0 < level < len(plan.levels):
     raise app.UsageError(f"--level={level}: the {levels}-level plan has levels 1..{len(plan.levels) - 1} below the "
                          f"target; raise --levels.")
-  small = plan.levels[level]
-  return {f"model.{f.name}": getattr(small, f.name) for f in dataclasses.fields(small)
-          if getattr(small, f.name) != getattr(target, f.name)}
+  return model_overrides(target, plan.levels[level])
 
 
 def run_level(a) -> dict:

@@ -67,15 +67,11 @@ def configured(spec: str, sets: dict, overrides: dict):
 
 def small_model(spec: str, sets: dict, cycle: dict) -> dict:
   """``model.*`` overrides that make the target's config train the V-cycle's level 1 under ``cycle``."""
-  import dataclasses
-
-  from multilevel.cycles import build_plan
+  from multilevel.cycles import build_plan, planner
   from multilevel.cycles.run_config import model_config
   c = configured(spec, sets, {**cycle, "cycle.levels": 2, "train.steps": 100})
   target = model_config(c, None)
-  small = build_plan(target, c.cycle, c.train).levels[1]
-  return {f"model.{f.name}": getattr(small, f.name) for f in dataclasses.fields(small)
-          if getattr(small, f.name) != getattr(target, f.name)}
+  return planner.model_overrides(target, build_plan(target, c.cycle, c.train).levels[1])
 
 
 def pilot(spec: str, sets: dict, overrides: dict, steps: int, workdir: str) -> dict:

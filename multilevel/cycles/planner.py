@@ -143,6 +143,12 @@ def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> 
 # ------------------------------------------------------------------------------------------------ the V-cycle plan
 
 
+def model_overrides(target, level) -> dict:
+  """``model.*`` config keys that turn the target's ``ModelConfig`` into ``level``'s (the fields that differ)."""
+  return {f"model.{f.name}": getattr(level, f.name) for f in dataclasses.fields(level)
+          if getattr(level, f.name) != getattr(target, f.name)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
   """A smaller model the target can grow from: its frontier, the FLOPs of one of its steps, the peak learning rate
