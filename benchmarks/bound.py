@@ -34,7 +34,7 @@ import os
 from absl import app, flags, logging
 
 from benchmarks import cli, saving
-from multilevel.cycles.planner import Frontier, bound_at, ideal_cost, model_overrides  # noqa: F401
+from multilevel.cycles.planner import Frontier, bound_at, candidate_from_runs, ideal_cost, model_overrides  # noqa: F401
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -102,12 +102,7 @@ def run_level(a) -> dict:
 
 def level_frontier(d: dict) -> Frontier:
   """The level's frontier: at each budget the best of its learning rates."""
-  by_steps: dict[int, tuple[float, float]] = {}
-  for r in d["runs"]:
-    p = (r["total_flops"], r["final_eval_loss"])
-    if r["steps"] not in by_steps or p[1] < by_steps[r["steps"]][1]:
-      by_steps[r["steps"]] = p
-  return Frontier(f"L{d['level']}", tuple(by_steps.values()))
+  return candidate_from_runs(f"L{d['level']}", d["runs"]).frontier
 
 
 def target_frontier(paths: list[str]) -> tuple[Frontier, list[dict]]:

@@ -130,18 +130,11 @@ def main(argv):
     except ValueError as e:  # E.g. a width factor the heads cannot take.
       logging.warning("candidate %s: %s", name, e)
       continue
-    best: dict[int, tuple] = {}
     for scale in [float(x) for x in _LR_SCALES.value]:
       for n in small_pilots:
-        s = run(name, model, n, scale)
-        if n not in best or s["final_eval_loss"] < best[n][1]:
-          best[n] = (s["total_flops"], s["final_eval_loss"], scale)
-    points = tuple((f, l) for f, l, _ in best.values())
-    # The learning rate that won at the longest pilot: the small stage is about that long or shorter.
-    lr_scale = best[max(best)][2]
-    candidates.append(planner.Candidate(
-        name, planner.Frontier(name, points), best[min(best)][0] / min(best), lr_scale, cycle,
-        sum(p["total_flops"] for p in record["pilots"] if p["model"] == name), model))
+        run(name, model, n, scale)
+    candidates.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], cycle,
+                                                  model))
   plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost)
   print(planner.describe(plan))
   record["plan"] = plan
@@ -173,18 +166,12 @@ def candidate_from_bound(path: str):
   from multilevel.cycles import planner
   with open(path) as f:
     d = json.load(f)
-  best: dict[int, tuple] = {}
-  for r in d["runs"]:
-    if r["steps"] not in best or r["final_eval_loss"] < best[r["steps"]][1]:
-      best[r["steps"]] = (r["total_flops"], r["final_eval_loss"], r["lr_scale"])
-  if len(best) < 2:
-    raise app.UsageError(f"--small_from={path}: needs runs at two budgets or more, got {sorted(best)}.")
   cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
-  n = min(best)
-  return planner.Candidate(name, planner.Frontier(name, tuple((f, l) for f, l, _ in best.values())),
-                           best[n][0] / n, best[max(best)][2], cycle, sum(r["total_flops"] for r in d["runs"]),
-                           d.get("model", {}))
+  try:
+    return planner.candidate_from_runs(name, d["runs"], cycle, d.get("model", {}))
+  except ValueError as e:
+    raise app.UsageError(f"--small_from={path}: {e}") from None
 
 
 def config_file(spec: str, sets: dict, plan: dict) -> str:

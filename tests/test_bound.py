@@ -95,7 +95,7 @@ def test_analyse_reads_results_files_and_plots(tmp_path):
   level = tmp_path / "L1.json"
   small = loglinear("small", 6.0, 5.0, 0.25e12, 2.0)
   level.write_text(json.dumps({"command": "x", "level": 1, "model": {}, "base_lr": 1e-3, "runs": [
-      {"steps": i, "lr_scale": s, "total_flops": f, "final_eval_loss": l + (0.1 if s == 2 else 0.0)}
+      {"steps": i + 1, "lr_scale": s, "total_flops": f, "final_eval_loss": l + (0.1 if s == 2 else 0.0)}
       for s in (2, 4) for i, (f, l) in enumerate(small.points)]}))
   methods = tmp_path / "summary.json"
   methods.write_text(target.read_text())

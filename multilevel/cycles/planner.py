@@ -164,6 +164,22 @@ class Candidate:
   model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
 
 
+def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = None,
+                        model: dict | None = None) -> Candidate:
+  """A candidate from its fully decayed runs (``steps``, ``lr_scale``, ``total_flops``, ``final_eval_loss`` each):
+  the best learning rate at each budget is its frontier, the one that won at the longest budget its rate (the small
+  stage is about that long or shorter), and every run counts as pilot cost."""
+  best: dict[int, tuple] = {}
+  for r in runs:
+    if r["steps"] not in best or r["final_eval_loss"] < best[r["steps"]][1]:
+      best[r["steps"]] = (r["total_flops"], r["final_eval_loss"], r["lr_scale"])
+  if len(best) < 2:
+    raise ValueError(f"Candidate {name!r} needs fully decayed runs at two budgets or more, got {sorted(best)}.")
+  n = min(best)
+  return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n,
+                   best[max(best)][2], dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}))
+
+
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
                 target_pilot_flops: float = 0.0, min_big_frac: float = 0.05) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
