@@ -29,7 +29,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   """Declares this script's flags on ``fv``; the results files are its arguments."""
   flags.DEFINE_string("out", "", "Merged JSON with frontier savings.", flag_values=fv)
   flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.", flag_values=fv)
-  flags.DEFINE_string("workroot", "", "Where the runs' workdirs are, to plot their eval curves.", flag_values=fv)
+  flags.DEFINE_list("workroot", [], "Where the runs' workdirs are (one or more, comma-separated), to plot their eval "
+                    "curves.", flag_values=fv)
   flags.DEFINE_bool("fit", False, "Read savings off a fitted frontier E + A F^-a (>= 4 scratch budgets).",
                     flag_values=fv)
 
@@ -79,15 +80,40 @@ def fitted_cost(fit, loss, points, extrapolate: float = 2.0):
   return c if lo / extrapolate <= c <= hi * extrapolate else None
 
 
+# Two scratch runs at the same budget from different results files must agree this closely (nats) to be merged: the
+# same config on other code or another machine's rounding moves the last digits, a different config moves more.
+SCRATCH_TOL = 1e-3
+
+
+def _merge_budget(into: dict, b: dict, path: str) -> None:
+  """Adds budget entry ``b`` (same steps as ``into``) to ``into``: its variants join; its scratch must agree."""
+  la, lb = into["scratch"]["final_eval_loss"], b["scratch"]["final_eval_loss"]
+  if abs(la - lb) > SCRATCH_TOL:
+    raise ValueError(f"{path}: scratch at T={b['steps']} ends at {lb:.5f}, another file's at {la:.5f} (more than "
+                     f"{SCRATCH_TOL} apart): these runs are not the same config; analyse them separately.")
+  both = sorted(set(into["variants"]) & set(b["variants"]))
+  if both:
+    raise ValueError(f"{path}: variant(s) {both} at T={b['steps']} are also in another file; pass each run once.")
+  into["variants"].update(b["variants"])
+  into.setdefault("merged_scratch_losses", [la]).append(lb)
+
+
 def merge(paths, fit: bool = False):
-  budgets, meta = [], {}
+  """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
+  later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others)."""
+  by_steps, meta = {}, {}
   for p in paths:
     with open(p) as f:
       d = json.load(f)
     meta.setdefault("commands", []).append(d["command"])
-    meta["family"] = d["family"]
-    budgets += d["budgets"]
-  budgets.sort(key=lambda b: b["steps"])
+    if meta.setdefault("family", d["family"]) != d["family"]:
+      raise ValueError(f"{p} is a {d['family']} result; the others are {meta['family']}: merge one family at a time.")
+    for b in d["budgets"]:
+      if b["steps"] in by_steps:
+        _merge_budget(by_steps[b["steps"]], b, p)
+      else:
+        by_steps[b["steps"]] = b
+  budgets = [by_steps[k] for k in sorted(by_steps)]
   flops_pts = [(b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets]
   secs_pts = [(b["scratch"]["train_seconds"], b["scratch"]["final_eval_loss"]) for b in budgets]
   fits = {"flops": fit_frontier(flops_pts), "seconds": fit_frontier(secs_pts)} if fit else None
@@ -145,13 +171,16 @@ def plot(d, path, workroot):
   ax[0].set_xlabel("budget (tokens per parameter)")
   ax[0].set_ylabel("FLOPs saved vs scratch frontier")
   ax[0].legend()
-  if workroot:
+  roots = [workroot] if isinstance(workroot, str) else list(workroot or [])
+  if roots:
     fam = d["family"]
     for b in d["budgets"]:
       for name in ["scratch"] + list(b["variants"]):
-        w = os.path.join(workroot, f"{fam}-{b['steps']}-{name}")
-        if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+        found = [os.path.join(r, f"{fam}-{b['steps']}-{name}") for r in roots]
+        found = [w for w in found if os.path.exists(os.path.join(w, "metrics.jsonl"))]
+        if not found:
           continue
+        w = found[0]
         pts = saving.curve(read_metrics(w))
         if pts:
           f, s, l = zip(*pts)

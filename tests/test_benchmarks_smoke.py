@@ -72,3 +72,34 @@ def test_the_frontier_fit_recovers_a_power_law_and_reads_costs_off_it():
   assert fitted_cost(fit, 2.4, pts) is None  # Below the asymptote: never reached.
   with pytest.raises(ValueError, match="at least four"):
     fit_frontier(pts[:3])
+
+
+def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scratch(tmp_path):
+  from benchmarks.analyze_saving import merge
+
+  def write(name, budgets, family="gpt"):
+    p = tmp_path / name
+    p.write_text(json.dumps({"command": name, "family": family, "budgets": budgets}))
+    return str(p)
+
+  def budget(steps, loss, flops, variants):
+    return {"steps": steps, "scratch": {"final_eval_loss": loss, "total_flops": flops, "train_seconds": flops / 1e9},
+            "variants": {n: {"final_eval_loss": l, "total_flops": f, "train_seconds": f / 1e9}
+                         for n, (l, f) in variants.items()}}
+
+  a = write("a.json", [budget(200, 5.0, 2e9, {"x": (4.9, 1e9)}), budget(100, 5.5, 1e9, {})])
+  b = write("b.json", [budget(200, 5.0004, 2e9, {"y": (5.2, 1.2e9)}), budget(400, 4.5, 4e9, {})])
+  d = merge([a, b])
+  assert [x["steps"] for x in d["budgets"]] == [100, 200, 400]
+  mid = d["budgets"][1]
+  assert sorted(mid["variants"]) == ["x", "y"] and mid["scratch"]["final_eval_loss"] == 5.0
+  assert mid["merged_scratch_losses"] == [5.0, 5.0004]
+  # Frontier: 1e9 -> 5.5, 2e9 -> 5.0 (the first file's scratch, once), 4e9 -> 4.5. y at 5.2 sits 60% of the way
+  # from 2e9 down to 1e9 in loss, i.e. at 2^0.6 * 1e9 FLOPs on the log-FLOPs chord.
+  assert mid["variants"]["y"]["frontier_flops_saving"] == pytest.approx(1 - 1.2 / 2 ** 0.6)
+  with pytest.raises(ValueError, match="not the same config"):
+    merge([a, write("c.json", [budget(200, 5.1, 2e9, {})])])
+  with pytest.raises(ValueError, match="also in another file"):
+    merge([a, write("d.json", [budget(200, 5.0, 2e9, {"x": (4.9, 1e9)})])])
+  with pytest.raises(ValueError, match="one family at a time"):
+    merge([a, write("e.json", [budget(300, 5.0, 3e9, {})], family="bert")])
