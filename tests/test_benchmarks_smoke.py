@@ -103,3 +103,19 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
     merge([a, write("d.json", [budget(200, 5.0, 2e9, {"x": (4.9, 1e9)})])])
   with pytest.raises(ValueError, match="one family at a time"):
     merge([a, write("e.json", [budget(300, 5.0, 3e9, {})], family="bert")])
+
+
+def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
+  from benchmarks import plot_methods
+  s = {"family": "gpt", "budgets": [
+      {"tokens_per_param": 7.0, "variants": {"msg": {"frontier_flops_saving": 0.2},
+                                             "mslt": {"frontier_flops_saving": None}}},
+      {"tokens_per_param": 3.0, "variants": {"msg": {"frontier_flops_saving": 0.4}}}]}
+  assert plot_methods.series(s) == {"msg": [(3.0, 0.4), (7.0, 0.2)]}
+  p = tmp_path / "s.json"
+  p.write_text(json.dumps(s))
+  out = tmp_path / "all.png"
+  r = subprocess.run([sys.executable, "-m", "benchmarks.plot_methods", str(p), f"--out={out}"], capture_output=True,
+                     text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert out.stat().st_size > 1000
