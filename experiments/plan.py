@@ -39,6 +39,10 @@ _TARGET_FROM = flags.DEFINE_list("target_from", [], "Instead of the target's pil
                                  "scratch runs are the target's frontier).")
 _SMALL_FROM = flags.DEFINE_list("small_from", [], "Instead of the candidates' pilots: level runs of benchmarks.bound "
                                 "(one candidate per level file; its --set cycle.* overrides name the candidate).")
+_JUMP = flags.DEFINE_float("handover_jump", 0.0, "The loss (nats) the target starts above the small model when it "
+                           "grows; 0 plans for a lossless hand-over (the bound).")
+_JUMP_FROM = flags.DEFINE_list("handover_jump_from", [], "Instead of --handover_jump: workdirs of earlier V-cycle runs "
+                               "of this config; the mean of the jumps measured around their growths is used.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
@@ -116,13 +120,19 @@ def main(argv):
     return s
 
   if _TARGET_FROM.value:
-    target, target_step, target_cost = frontier_from_saving(_TARGET_FROM.value)
+    try:
+      target, target_step, target_cost = planner.target_from_saving(_TARGET_FROM.value)
+    except (ValueError, OSError) as e:
+      raise app.UsageError(f"--target_from: {e}") from None
   else:
     target_runs = [run("target", {}, n) for n in target_pilots]
     target = planner.Frontier("target", tuple((s["total_flops"], s["final_eval_loss"]) for s in target_runs))
     target_step = target_runs[0]["total_flops"] / target_pilots[0]
     target_cost = sum(s["total_flops"] for s in target_runs)
-  candidates = [candidate_from_bound(p) for p in _SMALL_FROM.value]
+  try:
+    candidates = [planner.candidate_from_bound(p) for p in _SMALL_FROM.value]
+  except (ValueError, OSError) as e:
+    raise app.UsageError(f"--small_from: {e}") from None
   for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):
     cycle = CANDIDATES[name]
     try:
@@ -135,7 +145,10 @@ def main(argv):
         run(name, model, n, scale)
     candidates.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], cycle,
                                                   model))
-  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost)
+  jump = measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
+  if not jump >= 0:
+    raise app.UsageError(f"--handover_jump must be >= 0 nats, got {jump}.")
+  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump)
   print(planner.describe(plan))
   record["plan"] = plan
   os.makedirs(work, exist_ok=True)
@@ -147,31 +160,21 @@ def main(argv):
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
 
 
-def frontier_from_saving(paths: list[str]):
-  """The target's frontier, step FLOPs and cost from ``benchmarks.saving`` results (their scratch runs)."""
+def measured_jump(workdirs: list[str], record: dict) -> float:
+  """The mean loss jump at the growths of earlier runs (``planner.handover_jumps``; at least 0), kept in
+  ``record``."""
   from multilevel.cycles import planner
-  budgets = []
-  for p in paths:
-    with open(p) as f:
-      budgets += json.load(f)["budgets"]
-  if not budgets:
-    raise app.UsageError(f"--target_from: no budgets in {paths}.")
-  pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
-  step = budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"]
-  return planner.Frontier("target", pts), step, sum(f for f, _ in pts)
-
-
-def candidate_from_bound(path: str):
-  """A candidate from a ``benchmarks.bound`` level-run file: the best learning rate at each budget."""
-  from multilevel.cycles import planner
-  with open(path) as f:
-    d = json.load(f)
-  cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
-  name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
-  try:
-    return planner.candidate_from_runs(name, d["runs"], cycle, d.get("model", {}))
-  except ValueError as e:
-    raise app.UsageError(f"--small_from={path}: {e}") from None
+  from multilevel.metrics import read_metrics
+  jumps = []
+  for w in workdirs:
+    if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+      raise app.UsageError(f"--handover_jump_from={w}: no metrics.jsonl there (a run's workdir is expected).")
+    found = planner.handover_jumps(read_metrics(w))
+    if not found:
+      raise app.UsageError(f"--handover_jump_from={w}: the run has no growth with an eval on both sides of it.")
+    jumps += [dict(j, workdir=w) for j in found]
+  record["handover_jumps"] = jumps
+  return max(0.0, sum(j["jump"] for j in jumps) / len(jumps))
 
 
 def config_file(spec: str, sets: dict, plan: dict) -> str:

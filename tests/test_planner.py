@@ -135,6 +135,24 @@ def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tm
   assert c.cycle.width_factor == 1 and c.train.steps == 2000 and tuple(c.cycle.lr_scales) == (1.0, 4.0)
   stages = build_plan(model_config(c, None), c.cycle, c.train).stages
   assert [s.steps for s in stages] == [1, p["small_steps"], p["big_steps"]]
+  # Planned again with the jump an earlier run of it measured at its growth: a later hand-over, a smaller saving.
+  run = tmp_path / "run"
+  run.mkdir()
+  run.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+      {"step": 50, "stage": 1, "level": 1, "event": "end_of_stage", "eval_loss": 5.0},
+      {"step": 50, "stage": 2, "level": 0, "event": "after_decoalesce", "eval_loss": 5.2}]) + "\n")
+  args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=2000", f"--workdir={tmp_path / 'j'}",
+          f"--target_from={target}", f"--small_from={level}"]
+  r = subprocess.run(args + [f"--handover_jump_from={run}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "j" / "plan.json") as f:
+    j = json.load(f)
+  assert j["plan"]["handover_jump"] == pytest.approx(0.2) and j["handover_jumps"][0]["after"] == 5.2
+  assert j["plan"]["predicted_saving"] < p["predicted_saving"] and "0.2000 nats" in r.stdout
+  r = subprocess.run(args + [f"--handover_jump_from={tmp_path / 'nothing'}"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode != 0 and "no metrics.jsonl there" in r.stderr
 
 
 def test_a_smaller_model_that_reaches_the_loss_alone_is_named_and_the_target_still_trains():
@@ -149,3 +167,71 @@ def test_a_smaller_model_that_reaches_the_loss_alone_is_named_and_the_target_sti
   assert a["candidate"] == "halve" and a["saving"] == pytest.approx(0.75, rel=1e-6) and not a["at_most"]
   assert a["overrides"] == {"model.num_layers": 1, "cycle.levels": 1, "train.steps": 2000} and a["lr_scale"] == 4.0
   assert "trained alone reaches the same loss" in planner.describe(p)
+
+
+def test_a_hand_over_that_loses_loss_is_priced_in_and_one_that_loses_too_much_gives_scratch():
+  # Handing over at L' with a jump d costs F_s(L') + F_T(L*) - F_T(L' + d); with F_s = F_T / 4 on these log-linear
+  # frontiers (F_T(L) = 100 e^{2 (6 - L)} steps) it saves F_T(L') (e^{-2d} - 1/4): most at the small model's lowest
+  # loss (5.0), nothing once e^{-2d} <= 1/4 (d >= ln 2).
+  small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 0.0)
+  steps = 2000
+  target_loss = TARGET.loss_at(steps * STEP)
+  for d in (0.0, 0.1, 0.3):
+    ideal = planner.ideal_cost([small.frontier, TARGET], target_loss, grid=2000, jump=d)
+    assert ideal["switch_losses"][0] == pytest.approx(5.0, abs=2e-3)
+    expect = steps * STEP - TARGET.cost(5.0) * (math.exp(-2 * d) - 0.25)
+    assert ideal["flops"] == pytest.approx(expect, rel=2e-3)
+  p0 = planner.plan_vcycle(TARGET, STEP, steps, [small])
+  p = planner.plan_vcycle(TARGET, STEP, steps, [small], jump=0.3)
+  assert p["handover_jump"] == 0.3 and p0["handover_jump"] == 0.0
+  assert p["predicted_saving"] < p0["predicted_saving"]
+  # The target trains from where it lands: F_T(5.0 + 0.3) is already paid, the rest is its own.
+  assert p["switch_loss"] == pytest.approx(5.0, abs=0.01)
+  assert p["big_steps"] == pytest.approx(steps - TARGET.cost(p["switch_loss"] + 0.3) / STEP, abs=1)
+  # The schedule the plan wrote, predicted from the frontiers, gives the plan's own numbers back.
+  for plan, d in ((p0, 0.0), (p, 0.3)):
+    pred = planner.predict_vcycle(TARGET, STEP, small.frontier, small.step_flops, plan["small_steps"],
+                                  plan["big_steps"], jump=d)
+    assert pred["landing_loss"] == pytest.approx(pred["small_loss"] + d)
+    assert pred["saving"] == pytest.approx(plan["predicted_saving"], abs=2e-3)
+  assert planner.plan_vcycle(TARGET, STEP, steps, [small], jump=0.75)["method"] == "scratch"
+  with pytest.raises(ValueError, match="jump must be a finite"):
+    planner.ideal_cost([small.frontier, TARGET], target_loss, jump=-0.1)
+
+
+def test_the_jumps_at_growth_are_read_from_a_runs_metrics():
+  recs = [
+      {"step": 1, "stage": 0, "level": 0, "event": "end_of_stage", "eval_loss": 7.0},
+      {"step": 1, "stage": 1, "level": 1, "event": "after_coalesce", "eval_loss": 7.1},  # Coarsening: not a growth.
+      {"step": 50, "stage": 1, "level": 1, "train_loss": 5.6, "eval_loss": 5.7},
+      {"step": 90, "stage": 1, "level": 1, "event": "end_of_stage", "eval_loss": 5.5},
+      {"step": 90, "stage": 2, "level": 0, "event": "after_decoalesce", "eval_loss": 5.8},
+      {"step": 90, "stage": 2, "level": 0, "event": "after_interpolate", "eval_loss": 5.6},  # The model it trains.
+      {"step": 120, "stage": 2, "level": 0, "event": "end_of_stage", "eval_loss": 5.3},
+  ]
+  (j,) = planner.handover_jumps(recs)
+  assert (j["step"], j["before"], j["after"]) == (90, 5.5, 5.6) and j["jump"] == pytest.approx(0.1)
+  assert planner.handover_jumps(recs[:4]) == []
+
+
+def test_the_plan_check_reads_a_runs_jump_and_predicts_the_executed_schedule_with_it():
+  from benchmarks import plan_check
+  small = Candidate("halve", loglinear("small", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 0.0)
+  steps = 2000
+  plan = planner.plan_vcycle(TARGET, STEP, steps, [small])
+  n = plan["small_steps"]
+  recs = [{"step": 1, "stage": 0, "level": 0, "event": "end_of_stage", "eval_loss": 7.0, "flops": STEP},
+          {"step": n + 1, "stage": 1, "level": 1, "event": "end_of_stage", "eval_loss": 5.0, "flops": 2 * STEP},
+          {"step": n + 1, "stage": 2, "level": 0, "event": "after_decoalesce", "eval_loss": 5.2},
+          {"step": n + 1 + plan["big_steps"], "stage": 2, "level": 0, "event": "end_of_stage", "eval_loss": 4.6,
+           "flops": plan["predicted_flops"]}]
+  c = plan_check.check({"steps": steps, "plan": plan}, recs, TARGET, STEP, small)
+  assert c["jump"] == pytest.approx(0.2)
+  assert c["predicted_lossless"]["saving"] == pytest.approx(plan["predicted_saving"], abs=2e-3)
+  assert c["predicted_with_jump"] == planner.predict_vcycle(TARGET, STEP, small.frontier, small.step_flops, n,
+                                                            plan["big_steps"], jump=c["jump"])
+  assert c["measured"]["final_loss"] == 4.6
+  assert c["measured"]["saving"] == pytest.approx(1 - plan["predicted_flops"] / TARGET.cost(4.6))
+  assert c["replanned"]["predicted_saving"] < plan["predicted_saving"]
+  with pytest.raises(ValueError, match="no growth"):
+    plan_check.check({"steps": steps, "plan": plan}, recs[:2], TARGET, STEP, small)

@@ -24,6 +24,7 @@ them); their FLOPs are a cost of the plan and are reported beside its saving, no
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Sequence
 
@@ -82,28 +83,36 @@ class Frontier:
     return None
 
 
-def ideal_cost(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> dict | None:
+def ideal_cost(chain: Sequence[Frontier], target_loss: float, grid: int = 400, jump: float = 0.0) -> dict | None:
   """The cheapest lossless hand-over chain ``chain[0] -> ... -> chain[-1]`` (smallest first, the target last) to
   ``target_loss``; any model of the chain may be skipped. Returns ``{'flops', 'switch_losses'}`` (the loss at which
   each model hands over, None for one skipped) or None when the target's frontier does not reach the loss.
 
   On a grid of losses L from the highest any frontier measures down to ``target_loss``: best[k](L) is the cheapest
-  way to have model k at loss L, min(F_k(L), min over L' >= L and j < k of best[j](L') + F_k(L) - F_k(L'))."""
+  way to have model k at loss L, min(F_k(L), min over L' >= L and j < k of best[j](L') + F_k(L) - F_k(L' + jump)).
+
+  ``jump`` (nats, >= 0): the loss the grown model starts above the one it grew from (0 for a function-preserving
+  hand-over; measure it with ``handover_jumps``). A hand-over whose landing loss L' + jump lies above the bigger
+  model's measured range is not used."""
+  if not (jump >= 0 and math.isfinite(jump)):
+    raise ValueError(f"The hand-over jump must be a finite loss difference >= 0 (nats), got {jump}.")
   if chain[-1].cost(target_loss) is None:
     return None
   top = max(f.loss_range[1] for f in chain)
   losses = [top - (top - target_loss) * i / (grid - 1) for i in range(grid)]  # Descending, ends at target_loss.
   inf = math.inf
   costs = [[f.cost(l) for l in losses] for f in chain]
+  # Where a model lands when it takes over at grid loss L' (its own cost to reach L' + jump).
+  lands = costs if jump == 0 else [[f.cost(l + jump) for l in losses] for f in chain]
   best = [[inf] * grid for _ in chain]
   back: list[list[tuple | None]] = [[None] * grid for _ in chain]
   for k in range(len(chain)):
     run_min, arg = [inf] * len(chain), [None] * len(chain)  # min over L' >= L of best[j](L') - F_k(L'), per j.
     for i in range(grid):
-      ck = costs[k][i]
+      ck, lk = costs[k][i], lands[k][i]
       for j in range(k):
-        if best[j][i] < inf and ck is not None and best[j][i] - ck < run_min[j]:
-          run_min[j], arg[j] = best[j][i] - ck, i
+        if best[j][i] < inf and lk is not None and best[j][i] - lk < run_min[j]:
+          run_min[j], arg[j] = best[j][i] - lk, i
       if ck is None:
         continue
       best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
@@ -120,11 +129,12 @@ def ideal_cost(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -
   return {"flops": flops, "switch_losses": switches}
 
 
-def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400) -> dict | None:
+def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400, jump: float = 0.0) -> dict | None:
   """The bound's saving at ``target_loss``, where it hands over (loss and the handing model's FLOPs), and the
-  envelope: the best *single* model of the chain at that loss (a smaller model trained longer)."""
+  envelope: the best *single* model of the chain at that loss (a smaller model trained longer). With ``jump`` > 0
+  the hand-over loses that much loss (see ``ideal_cost``): no longer a bound, a calibrated estimate."""
   full = chain[-1].cost(target_loss)
-  ideal = ideal_cost(chain, target_loss, grid)
+  ideal = ideal_cost(chain, target_loss, grid, jump)
   if full is None or ideal is None:
     return None
   singles = [(f.cost(target_loss), f.name) for f in chain]
@@ -180,8 +190,34 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
                    best[max(best)][2], dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}))
 
 
+def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
+  """The target's frontier, the FLOPs of one of its steps and the frontier's total cost, from the scratch runs in
+  ``benchmarks.saving`` results files."""
+  budgets = []
+  for p in paths:
+    with open(p) as f:
+      budgets += json.load(f)["budgets"]
+  if not budgets:
+    raise ValueError(f"no budgets in {list(paths)}")
+  pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
+  return Frontier("target", pts), budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"], sum(f for f, _ in pts)
+
+
+def candidate_from_bound(path: str) -> Candidate:
+  """A candidate from a ``benchmarks.bound`` level-run file (its runs at each budget and learning rate; its
+  ``cycle.*`` settings name it and make the V-cycle's small level this model)."""
+  with open(path) as f:
+    d = json.load(f)
+  cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
+  name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
+  try:
+    return candidate_from_runs(name, d["runs"], cycle, d.get("model", {}))
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
-                target_pilot_flops: float = 0.0, min_big_frac: float = 0.05) -> dict:
+                target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
   measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything. The
   target trains at least ``min_big_frac`` of the steps after growing, even where the bound would hand over at the
@@ -190,7 +226,11 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   Returns ``overrides`` (config keys the driver runs as they are), the predicted loss and FLOPs, the predicted
   saving, the pilots' FLOPs and the saving net of them, one row per candidate, and ``smaller_model_alone``: the best
   candidate trained alone to the budget's loss, when one gets there for less (you would end with that model, not the
-  target: the envelope a user who only wants the loss would also consider)."""
+  target: the envelope a user who only wants the loss would also consider).
+
+  ``jump``: the loss the target starts above the small model at the hand-over (nats; ``handover_jumps`` measures it
+  from a run). 0 assumes a lossless hand-over, the bound; a measured jump makes the plan hand over where the loss it
+  costs is repaid, and its prediction an estimate rather than a bound."""
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -206,12 +246,12 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   pilots = target_pilot_flops + sum(c.pilot_flops for c in candidates)
   rows, best = [], None
   for c in candidates:
-    b = bound_at([c.frontier, target], target_loss)
+    b = bound_at([c.frontier, target], target_loss, jump=jump)
     row = {"candidate": c.name, "bound": b}
     if b is not None and b["switch_losses"][0] is not None:
       switch = b["switch_losses"][0]
       small = max(1, round(c.frontier.cost(switch) / c.step_flops))
-      big = max(round(min_big_frac * steps), round(steps - target.cost(switch) / target_step_flops), 1)
+      big = max(round(min_big_frac * steps), round(steps - target.cost(switch + jump) / target_step_flops), 1)
       flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
       row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
       if best is None or row["saving"] > best[1]["saving"]:
@@ -229,7 +269,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
                     "overrides": {**c.model, "cycle.levels": 1, "train.steps": max(1, round(cost / c.step_flops))}})
   smaller = max(alone, key=lambda a: a["saving"]) if alone else None
   base = {"train.steps": steps}
-  scope = {"budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
+  scope = {"handover_jump": jump, "budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
            if beyond else "scratch's at the budget, on the target's frontier"}
   if best is None or best[1]["saving"] <= 0:
     return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
@@ -250,11 +290,52 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           "smaller_model_alone": smaller}
 
 
+def handover_jumps(records: Sequence[dict]) -> list[dict]:
+  """The loss each growth cost in a run's metrics records (``multilevel.metrics.read_metrics``): for every stage
+  entered at a larger model (a lower level), the eval loss at the end of the stage before and the last eval logged
+  at the new stage's first step (after growing, and after any interpolation). Returns ``[{'step', 'before',
+  'after', 'jump'}]`` in step order; empty when the run never grew or did not evaluate around its transitions."""
+  ends = {r["stage"]: r for r in records if r.get("event") == "end_of_stage" and "eval_loss" in r}
+  after: dict[int, dict] = {}
+  for r in records:
+    if str(r.get("event", "")).startswith("after_") and "eval_loss" in r:
+      after[r["stage"]] = r  # The last one logged for the stage: the model it trains from.
+  out = []
+  for stage, a in sorted(after.items()):
+    b = ends.get(stage - 1)
+    if b is not None and a["level"] < b["level"]:
+      out.append({"step": a["step"], "before": b["eval_loss"], "after": a["eval_loss"],
+                  "jump": a["eval_loss"] - b["eval_loss"]})
+  return out
+
+
+def predict_vcycle(target: Frontier, target_step_flops: float, small: Frontier, small_step_flops: float,
+                   small_steps: int, big_steps: int, jump: float = 0.0) -> dict | None:
+  """What the frontiers predict for a given 2-level schedule: the small model trained ``small_steps`` (fully
+  decayed: its frontier), the target landing ``jump`` above that loss, then ``big_steps`` more target steps as if
+  continuing its own frontier from there (plus the one coalescing step). Returns the predicted final loss, FLOPs and
+  saving against the target's scratch at that loss, or None where a frontier does not reach."""
+  f_small = small_steps * small_step_flops
+  l_small = small.loss_at(f_small)
+  start = None if l_small is None else target.cost(l_small + jump)
+  end = None if start is None else start + big_steps * target_step_flops
+  if end is not None and target.points[-1][0] < end <= target.points[-1][0] + target_step_flops:
+    end = target.points[-1][0]  # Past the frontier's end by less than a step (the stage lengths are rounded).
+  loss = None if end is None else target.loss_at(end)
+  if loss is None:
+    return None
+  flops = f_small + (1 + big_steps) * target_step_flops
+  return {"small_loss": l_small, "landing_loss": l_small + jump, "final_loss": loss, "flops": flops,
+          "saving": 1 - flops / target.cost(loss)}
+
+
 def describe(plan: dict) -> str:
   """The plan as a few lines for a terminal."""
   where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
            else "scratch's loss at this budget")
   lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]
+  if plan.get("handover_jump"):
+    lines.append(f"  each hand-over assumed to cost {plan['handover_jump']:.4f} nats (a measured jump), not lossless")
   for r in plan["candidates"]:
     if "saving" in r:
       lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
