@@ -31,6 +31,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("plot", "", "PNG: saving against budget, eval loss against FLOPs and seconds.", flag_values=fv)
   flags.DEFINE_list("workroot", [], "Where the runs' workdirs are (one or more, comma-separated), to plot their eval "
                     "curves.", flag_values=fv)
+  flags.DEFINE_string("markdown", "", "Write the methods-by-budget table (Markdown) here.", flag_values=fv)
   flags.DEFINE_bool("fit", False, "Read savings off a fitted frontier E + A F^-a (>= 4 scratch budgets).",
                     flag_values=fv)
 
@@ -153,6 +154,49 @@ COLUMNS: dict[str, saving.Cell] = {
 }
 
 
+# Row names of the README's methods tables.
+METHOD_NAMES = {"depth_zero": "V-cycle default (`depth_zero`)", "reference": "V-cycle, reference protocol",
+                "gstack": "G_stack, g=4 (a 1-layer small model)", "gstack_g2": "G_stack, g=2",
+                "stackbert": "StackBERT (1 -> 2 -> 4 layers)", "mslt": "MSLT (4 growth stages + a full stage)",
+                "ligo": "LiGO (20 operator steps)", "msg": "MSG (FFN, layers, heads ramps)",
+                "core": "CoRe (relaxed, then full)"}
+
+
+def methods_table(d: dict) -> str:
+  """Markdown: one row per variant, one column per budget that ran variants. A cell is final eval loss / FLOPs
+  used relative to scratch at that T / FLOPs saved on the scratch frontier / seconds saved on it; outside the
+  frontier's range it says which side (and, below it, the FLOPs saved to reach scratch's loss on the curve)."""
+  bs = [b for b in d["budgets"] if b["variants"]]
+  lowest = min(b["scratch"]["final_eval_loss"] for b in d["budgets"])
+  highest = max(b["scratch"]["final_eval_loss"] for b in d["budgets"])
+  rows = ["| method | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
+                                      f"{b['scratch']['final_eval_loss']:.3f})" for b in bs) + " |",
+          "|---" * (1 + len(bs)) + "|"]
+  names = [n for n in METHOD_NAMES if any(n in b["variants"] for b in bs)]
+  names += sorted({n for b in bs for n in b["variants"]} - set(names))
+  for n in names:
+    cells = []
+    for b in bs:
+      v = b["variants"].get(n)
+      if v is None:
+        cells.append("")
+        continue
+      head = f"{v['final_eval_loss']:.3f} / {v['flops_ratio_total']:.2f}x"
+      fs, ss = v["frontier_flops_saving"], v["frontier_seconds_saving"]
+      if fs is not None:
+        bold = "**" if fs > 0 else ""
+        cells.append(f"{head} / {bold}{pct(fs)}{bold} / {pct(ss)}")
+      elif v["final_eval_loss"] > highest:
+        cells.append(f"{head} / worse than every scratch point")
+      elif v["final_eval_loss"] < lowest:
+        reach = f" (to reach scratch: {pct(v['flops_saving'])})" if v.get("reached") else ""
+        cells.append(f"{head} / below the frontier{reach}")
+      else:
+        cells.append(f"{head} / n/a")
+    rows.append(f"| {METHOD_NAMES.get(n, n)} | " + " | ".join(cells) + " |")
+  return "\n".join(rows)
+
+
 def plot(d, path, workroot):
   import matplotlib
   matplotlib.use("Agg")
@@ -205,6 +249,9 @@ def main(argv):
       json.dump(d, f, indent=1)
   if a.plot:
     plot(d, a.plot, a.workroot)
+  if a.markdown:
+    with open(a.markdown, "w") as f:
+      f.write(methods_table(d) + "\n")
 
 
 if __name__ == "__main__":

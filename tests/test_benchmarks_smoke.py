@@ -83,12 +83,14 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
     return str(p)
 
   def budget(steps, loss, flops, variants):
-    return {"steps": steps, "scratch": {"final_eval_loss": loss, "total_flops": flops, "train_seconds": flops / 1e9},
-            "variants": {n: {"final_eval_loss": l, "total_flops": f, "train_seconds": f / 1e9}
+    return {"steps": steps, "tokens_per_param": steps / 100,
+            "scratch": {"final_eval_loss": loss, "total_flops": flops, "train_seconds": flops / 1e9},
+            "variants": {n: {"final_eval_loss": l, "total_flops": f, "train_seconds": f / 1e9,
+                             "flops_ratio_total": f / flops, "reached": l <= loss, "flops_saving": 1 - f / flops}
                          for n, (l, f) in variants.items()}}
 
   a = write("a.json", [budget(200, 5.0, 2e9, {"x": (4.9, 1e9)}), budget(100, 5.5, 1e9, {})])
-  b = write("b.json", [budget(200, 5.0004, 2e9, {"y": (5.2, 1.2e9)}), budget(400, 4.5, 4e9, {})])
+  b = write("b.json", [budget(200, 5.0004, 2e9, {"y": (5.2, 1.2e9)}), budget(400, 4.5, 4e9, {"z": (4.4, 3e9)})])
   d = merge([a, b])
   assert [x["steps"] for x in d["budgets"]] == [100, 200, 400]
   mid = d["budgets"][1]
@@ -97,6 +99,13 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
   # Frontier: 1e9 -> 5.5, 2e9 -> 5.0 (the first file's scratch, once), 4e9 -> 4.5. y at 5.2 sits 60% of the way
   # from 2e9 down to 1e9 in loss, i.e. at 2^0.6 * 1e9 FLOPs on the log-FLOPs chord.
   assert mid["variants"]["y"]["frontier_flops_saving"] == pytest.approx(1 - 1.2 / 2 ** 0.6)
+  from benchmarks.analyze_saving import methods_table
+  table = methods_table(d).splitlines()
+  assert len(table) == 5
+  assert table[0] == "| method | T=200 (2.0 tok/param; scratch 5.000) | T=400 (4.0 tok/param; scratch 4.500) |"
+  assert table[2] == "| x | 4.900 / 0.50x / **+56%** / +56% |  |"  # 1 - 0.5 / 2^0.2 on the chord.
+  assert table[3].startswith("| y | 5.200 / 0.60x / **+")
+  assert table[4] == "| z |  | 4.400 / 0.75x / below the frontier (to reach scratch: +25%) |"
   with pytest.raises(ValueError, match="not the same config"):
     merge([a, write("c.json", [budget(200, 5.1, 2e9, {})])])
   with pytest.raises(ValueError, match="also in another file"):
