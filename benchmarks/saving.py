@@ -188,6 +188,9 @@ def compare(scratch: dict, run: dict) -> dict:
     if r.get("event"):
       events.setdefault(r["event"], []).append(round(r["eval_loss"], 4))
   out["transition_losses"] = events
+  from multilevel.cycles.planner import handover_jumps
+  # The loss each growth cost (eval right before and right after it): what experiments.plan --handover_jump takes.
+  out["handover_jumps"] = [round(j["jump"], 5) for j in handover_jumps(run["records"])]
   out["curve"] = [[r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r["eval_loss"], r["level"]]
                   for r in run["records"] if "eval_loss" in r and "flops" in r]
   return out

@@ -128,3 +128,19 @@ def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tm
                      text=True, timeout=120)
   assert r.returncode == 0, r.stderr
   assert out.stat().st_size > 1000
+
+
+def test_a_variant_is_compared_on_scratchs_curve_and_its_growths_jumps_are_kept():
+  from benchmarks.saving import compare
+  rec = lambda step, level, loss, flops, **kw: dict(step=step, stage=kw.pop("stage", 0), level=level, eval_loss=loss,
+                                                   flops=flops, train_seconds=flops / 1e9, **kw)
+  scratch = {"summary": {"final_eval_loss": 5.0, "total_flops": 4e9, "train_seconds": 4.0},
+             "records": [rec(1, 0, 6.0, 1e9), rec(2, 0, 5.5, 2e9), rec(4, 0, 5.0, 4e9)]}
+  run = {"summary": {"final_eval_loss": 4.8, "total_flops": 3e9, "train_seconds": 3.0},
+         "records": [rec(1, 1, 5.6, 0.5e9, stage=1, event="end_of_stage"),
+                     {"step": 1, "stage": 2, "level": 0, "event": "after_decoalesce", "eval_loss": 5.75},
+                     rec(2, 0, 5.2, 2e9, stage=2), rec(3, 0, 4.8, 3e9, stage=2, event="end_of_stage")]}
+  v = compare(scratch, run)
+  # Reaches 5.0 halfway between 2e9 (5.2) and 3e9 (4.8): 2.5e9 of scratch's 4e9.
+  assert v["reached"] and v["flops_to_reach"] == pytest.approx(2.5e9) and v["flops_saving"] == pytest.approx(0.375)
+  assert v["handover_jumps"] == [0.15] and v["flops_ratio_total"] == 0.75
