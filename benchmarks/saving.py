@@ -32,6 +32,9 @@ VARIANTS = {
     "warmup": _W,
     "warmup_exact": {**_W, "cycle.preln_exact": True},
     "width_only": {**_W, "cycle.depth_factor": 1, "cycle.preln_exact": True},
+    # Smaller jumps (about 2x the non-embedding parameters per level instead of 8x): depth only, 2 or 3 levels.
+    "depth_only": {**_ZERO, "cycle.width_factor": 1},
+    "depth_only_3": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3},
     "depth_zero": _ZERO,
     "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0},
     "depth_zero_long": {**_ZERO, "cycle.up_fracs": (0.8, 0.25, 0.25)},
