@@ -38,7 +38,7 @@ def check(plan: dict, records: list[dict], target, target_step: float, small) ->
   jumps = planner.handover_jumps(records)
   if not jumps:
     raise ValueError("the run has no growth with an eval on both sides of it: is it a V-cycle run of the plan?")
-  jump = sum(j["jump"] for j in jumps) / len(jumps)
+  jump = planner.mean_jump(jumps)
   p = plan["plan"]
   if "small_steps" not in p:
     raise ValueError(f"the plan is {p['method']!r}, not a V-cycle: there is no hand-over to check.")

@@ -174,7 +174,7 @@ def measured_jump(workdirs: list[str], record: dict) -> float:
       raise app.UsageError(f"--handover_jump_from={w}: the run has no growth with an eval on both sides of it.")
     jumps += [dict(j, workdir=w) for j in found]
   record["handover_jumps"] = jumps
-  return max(0.0, sum(j["jump"] for j in jumps) / len(jumps))
+  return max(0.0, planner.mean_jump(jumps))
 
 
 def config_file(spec: str, sets: dict, plan: dict) -> str:

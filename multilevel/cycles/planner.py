@@ -309,6 +309,13 @@ def handover_jumps(records: Sequence[dict]) -> list[dict]:
   return out
 
 
+def mean_jump(jumps: Sequence[dict]) -> float:
+  """The mean ``jump`` of ``handover_jumps`` entries (of one run or several)."""
+  if not jumps:
+    raise ValueError("no growth with an eval on both sides of it: is it a V-cycle run?")
+  return sum(j["jump"] for j in jumps) / len(jumps)
+
+
 def predict_vcycle(target: Frontier, target_step_flops: float, small: Frontier, small_step_flops: float,
                    small_steps: int, big_steps: int, jump: float = 0.0) -> dict | None:
   """What the frontiers predict for a given 2-level schedule: the small model trained ``small_steps`` (fully
