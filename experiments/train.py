@@ -9,8 +9,10 @@ with status 1; --debug shows the Python traceback instead. Several processes (on
 command with --distributed --coordinator_address=HOST:PORT --num_processes=N --process_id=I, one id each.
 """
 
+import gc
 import os
 import sys
+import warnings
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -31,6 +33,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _fail(message: str) -> None:
+  # An Orbax save that failed mid-write (a full disk) leaves coroutines that were never awaited; Python would report
+  # each as a RuntimeWarning at exit, after the message. They say nothing the message does not, so they are dropped
+  # and the message stays the last line.
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+  gc.collect()
   print(f"error: {message}", file=sys.stderr, flush=True)
   if _DISTRIBUTED.present and _DISTRIBUTED.value:
     # A process of a multi-process run cannot shut down cleanly alone: JAX's runtime and Orbax's background threads
