@@ -99,16 +99,47 @@ def _merge_budget(into: dict, b: dict, path: str) -> None:
   into.setdefault("merged_scratch_losses", [la]).append(lb)
 
 
+def seed_of(results: dict) -> int:
+  """The seed a results file ran with (``--set train.seed=S``; the config's default otherwise)."""
+  seed = results.get("model_overrides", {}).get("train.seed")
+  if seed is None:
+    from multilevel.train.config import TrainConfig
+    return TrainConfig().seed
+  return int(seed)
+
+
 def merge(paths, fit: bool = False):
   """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
-  later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others)."""
-  by_steps, meta = {}, {}
+  later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others).
+
+  Files of several seeds (``--set train.seed=S``) are merged per seed, each seed's variants read on its own scratch
+  frontier; the result then holds the mean over seeds of every number at the budgets and variants all seeds ran
+  (``per_seed`` keeps each seed's values of the savings and losses, ``seeds`` the seeds) and ``by_seed`` the merge of
+  each seed alone."""
+  groups: dict[int, list[tuple[str, dict]]] = {}
+  family = None
   for p in paths:
     with open(p) as f:
       d = json.load(f)
+    if family is not None and d["family"] != family:
+      raise ValueError(f"{p} is a {d['family']} result; the others are {family}: merge one family at a time.")
+    family = d["family"]
+    groups.setdefault(seed_of(d), []).append((p, d))
+  if not groups:
+    raise ValueError("No results files to merge.")
+  by_seed = {seed: _merge_seed(files, fit) for seed, files in sorted(groups.items())}
+  if len(by_seed) == 1:
+    (seed, out), = by_seed.items()
+    return dict(out, seed=seed)
+  return _across_seeds(by_seed)
+
+
+def _merge_seed(files, fit: bool) -> dict:
+  """The merge of one seed's results files, with the frontier savings added."""
+  by_steps, meta = {}, {}
+  for p, d in files:
     meta.setdefault("commands", []).append(d["command"])
-    if meta.setdefault("family", d["family"]) != d["family"]:
-      raise ValueError(f"{p} is a {d['family']} result; the others are {meta['family']}: merge one family at a time.")
+    meta.setdefault("family", d["family"])
     for b in d["budgets"]:
       if b["steps"] in by_steps:
         _merge_budget(by_steps[b["steps"]], b, p)
@@ -135,6 +166,58 @@ def merge(paths, fit: bool = False):
   return out
 
 
+# The values kept per seed (besides their mean) in a merge of several seeds.
+PER_SEED = ("final_eval_loss", "frontier_flops_saving", "frontier_seconds_saving", "flops_saving", "seconds_saving",
+            "equal_flops_loss_diff")
+
+
+def _mean(values):
+  """Mean of numbers (None if any is None); of dicts, key by key over the keys all have; otherwise the first value."""
+  if any(v is None for v in values):
+    return None
+  if all(isinstance(v, dict) for v in values):
+    keys = [k for k in values[0] if all(k in v for v in values)]
+    return {k: _mean([v[k] for v in values]) for k in keys}
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    return sum(values) / len(values)
+  return values[0]
+
+
+def _across_seeds(by_seed: dict) -> dict:
+  """One result from the merges of several seeds: the budgets (and variants) every seed ran, each number the mean
+  over the seeds, with ``per_seed`` holding each seed's values of PER_SEED."""
+  seeds = list(by_seed)
+  steps_each = [{b["steps"]: b for b in m["budgets"]} for m in by_seed.values()]
+  common = sorted(set.intersection(*[set(s) for s in steps_each]))
+  if not common:
+    raise ValueError(f"The seeds {seeds} share no budget: run every seed at the same budgets.")
+  budgets = []
+  for steps in common:
+    entries = [s[steps] for s in steps_each]
+    names = [n for n in entries[0]["variants"] if all(n in e["variants"] for e in entries)]
+    b = {k: _mean([e[k] for e in entries]) for k in entries[0] if k != "variants" and all(k in e for e in entries)}
+    b["scratch"]["per_seed"] = {"final_eval_loss": [e["scratch"]["final_eval_loss"] for e in entries]}
+    b["variants"] = {}
+    for n in names:
+      runs = [e["variants"][n] for e in entries]
+      v = _mean(runs)
+      v["per_seed"] = {k: [r.get(k) for r in runs] for k in PER_SEED}
+      b["variants"][n] = v
+    budgets.append(b)
+  first = next(iter(by_seed.values()))
+  return {"commands": [c for m in by_seed.values() for c in m["commands"]], "family": first["family"],
+          "seeds": seeds, "budgets": budgets, "by_seed": {str(k): m for k, m in by_seed.items()}}
+
+
+def spread(v: dict, key: str) -> str:
+  """' [lo, hi]' over the seeds when ``v`` is a mean over several (as percentages for savings), else ''."""
+  vals = v.get("per_seed", {}).get(key)
+  if not vals or any(x is None for x in vals):
+    return ""
+  lo, hi = min(vals), max(vals)
+  return f" [{pct(lo)}, {pct(hi)}]" if "saving" in key else f" [{lo:.3f}, {hi:.3f}]"
+
+
 def pct(x):
   return "n/a" if x is None else f"{100 * x:+.0f}%"
 
@@ -149,7 +232,8 @@ COLUMNS: dict[str, saving.Cell] = {
     "to reach scratch: FLOPs / s saved": lambda b, name, v: (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}"
                                                              if v["reached"] else "not reached"),
     "frontier: FLOPs / s saved":
-        lambda b, name, v: f"{pct(v['frontier_flops_saving'])} / {pct(v['frontier_seconds_saving'])}",
+        lambda b, name, v: (f"{pct(v['frontier_flops_saving'])}{spread(v, 'frontier_flops_saving')} / "
+                            f"{pct(v['frontier_seconds_saving'])}{spread(v, 'frontier_seconds_saving')}"),
     "Δloss at equal FLOPs": saving.COLUMNS["loss diff at equal FLOPs"],
 }
 
@@ -169,7 +253,8 @@ def methods_table(d: dict) -> str:
   bs = [b for b in d["budgets"] if b["variants"]]
   lowest = min(b["scratch"]["final_eval_loss"] for b in d["budgets"])
   highest = max(b["scratch"]["final_eval_loss"] for b in d["budgets"])
-  rows = ["| method | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
+  head = f"method (mean of seeds {', '.join(map(str, d['seeds']))}; [min, max])" if d.get("seeds") else "method"
+  rows = [f"| {head} | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
                                       f"{b['scratch']['final_eval_loss']:.3f})" for b in bs) + " |",
           "|---" * (1 + len(bs)) + "|"]
   names = [n for n in METHOD_NAMES if any(n in b["variants"] for b in bs)]
@@ -185,7 +270,8 @@ def methods_table(d: dict) -> str:
       fs, ss = v["frontier_flops_saving"], v["frontier_seconds_saving"]
       if fs is not None:
         bold = "**" if fs > 0 else ""
-        cells.append(f"{head} / {bold}{pct(fs)}{bold} / {pct(ss)}")
+        cells.append(f"{head} / {bold}{pct(fs)}{bold}{spread(v, 'frontier_flops_saving')} / {pct(ss)}"
+                     f"{spread(v, 'frontier_seconds_saving')}")
       elif v["final_eval_loss"] > highest:
         cells.append(f"{head} / worse than every scratch point")
       elif v["final_eval_loss"] < lowest:

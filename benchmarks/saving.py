@@ -1,5 +1,5 @@
 """Does a growth method save compute? Scratch, V-cycle variants and the other methods (``METHODS``: G_stack, StackBERT,
-MSLT, LiGO) on the same data, seed and budget, in one invocation.
+MSLT, LiGO, MSG, CoRe) on the same data, seed and budget, in one invocation.
 
   python -m benchmarks.saving --family=gpt --budgets=160,320,640,1280 --variants=reference,warmup \
       --out=benchmarks/results/saving_gpt.json
@@ -8,6 +8,10 @@ For each budget (train.steps of the scratch run) it trains scratch (levels=1) an
 eval curves: the FLOPs and training seconds each variant needed to reach scratch's final eval loss (linear
 interpolation between evaluations of the target model), the savings in percent, and the equal-FLOPs view (variant's
 final loss minus scratch's loss at the same FLOPs; negative = better).
+
+Seeds: run the command once per seed with ``--set=train.seed=S`` (the seed of the initialisation and the data order),
+each with its own --workroot and --out; ``benchmarks.analyze_saving`` merges the files per seed and reports the mean
+over seeds with each seed's values.
 """
 
 from __future__ import annotations

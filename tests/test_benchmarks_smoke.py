@@ -114,6 +114,48 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
     merge([a, write("e.json", [budget(300, 5.0, 3e9, {})], family="bert")])
 
 
+def test_results_of_several_seeds_are_read_each_on_its_own_frontier_and_averaged(tmp_path):
+  from benchmarks.analyze_saving import merge, methods_table
+
+  def write(name, seed, loss_at_200, variant_loss):
+    budgets = [{"steps": steps, "tokens_per_param": steps / 100,
+                "scratch": {"final_eval_loss": loss, "total_flops": steps * 1e7, "train_seconds": steps / 100},
+                "variants": {} if steps != 200 else {
+                    "x": {"final_eval_loss": variant_loss, "total_flops": 1e9, "train_seconds": 1.0,
+                          "flops_ratio_total": 0.5, "reached": True, "flops_saving": 0.5}}}
+               for steps, loss in ((100, 5.5), (200, loss_at_200), (400, 4.5))]
+    p = tmp_path / name
+    overrides = {} if seed is None else {"train.seed": str(seed)}
+    p.write_text(json.dumps({"command": name, "family": "gpt", "model_overrides": overrides, "budgets": budgets}))
+    return str(p)
+
+  # Seed 42 (the default, no override) and seed 1: scratch at T=200 differs by far more than the merge tolerance,
+  # which is fine across seeds. x ends at 5.0 and 4.9: on each seed's chord from 1e9 (5.5) to 2e9 FLOPs.
+  a, b = write("a.json", None, 5.0, 5.0), write("b.json", 1, 4.9, 4.9)
+  d = merge([a, b])
+  assert d["seeds"] == [1, 42] and sorted(d["by_seed"]) == ["1", "42"]
+  x = d["budgets"][1]["variants"]["x"]
+  per = x["per_seed"]["frontier_flops_saving"]
+  assert per == pytest.approx([1 - 1 / 2, 1 - 1 / 2])  # Each at its own scratch's T=200 point (2e9 FLOPs).
+  assert x["frontier_flops_saving"] == pytest.approx(0.5) and x["final_eval_loss"] == pytest.approx(4.95)
+  assert d["budgets"][1]["scratch"]["per_seed"]["final_eval_loss"] == [4.9, 5.0]
+  # A third seed where x lands between the 100 and 200 points: 5.2 on 5.5 -> 5.0 is 60% of the way, 2^0.6 * 1e9.
+  c = write("c.json", 7, 5.0, 5.2)
+  d = merge([a, b, c])
+  per = d["budgets"][1]["variants"]["x"]["per_seed"]["frontier_flops_saving"]
+  assert per == pytest.approx([0.5, 1 - 1 / 2 ** 0.6, 0.5])  # Seeds 1, 7, 42.
+  table = methods_table(d).splitlines()
+  assert table[0].startswith("| method (mean of seeds 1, 7, 42; [min, max]) | T=200")
+  assert f"[{100 * (1 - 1 / 2 ** 0.6):+.0f}%, +50%]" in table[2]
+  # Seeds averaged only where all ran a budget: a seed with none in common is refused.
+  e = tmp_path / "e.json"
+  e.write_text(json.dumps({"command": "e", "family": "gpt", "model_overrides": {"train.seed": 3}, "budgets": [
+      {"steps": 800, "tokens_per_param": 8.0, "scratch": {"final_eval_loss": 4.0, "total_flops": 8e9,
+                                                           "train_seconds": 8.0}, "variants": {}}]}))
+  with pytest.raises(ValueError, match="share no budget"):
+    merge([a, str(e)])
+
+
 def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
   from benchmarks import plot_methods
   s = {"family": "gpt", "budgets": [
