@@ -32,6 +32,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("workroot", [], "Where the runs' workdirs are (one or more, comma-separated), to plot their eval "
                     "curves.", flag_values=fv)
   flags.DEFINE_string("markdown", "", "Write the methods-by-budget table (Markdown) here.", flag_values=fv)
+  flags.DEFINE_bool("replace", False, "Later files win: a variant run again (and a scratch run again, within "
+                    f"{SCRATCH_TOL} nats) replaces the earlier file's run at that budget.", flag_values=fv)
   flags.DEFINE_bool("fit", False, "Read savings off a fitted frontier E + A F^-a (>= 4 scratch budgets).",
                     flag_values=fv)
 
@@ -86,17 +88,23 @@ def fitted_cost(fit, loss, points, extrapolate: float = 2.0):
 SCRATCH_TOL = 1e-3
 
 
-def _merge_budget(into: dict, b: dict, path: str) -> None:
-  """Adds budget entry ``b`` (same steps as ``into``) to ``into``: its variants join; its scratch must agree."""
+def _merge_budget(into: dict, b: dict, path: str, replace: bool = False) -> None:
+  """Adds budget entry ``b`` (same steps as ``into``) to ``into``: its variants join; its scratch must agree. With
+  ``replace`` the later file wins: its scratch (the same loss, within SCRATCH_TOL, but its own seconds) and its runs
+  of variants ``into`` already has replace those (listed in ``replaced``)."""
   la, lb = into["scratch"]["final_eval_loss"], b["scratch"]["final_eval_loss"]
   if abs(la - lb) > SCRATCH_TOL:
     raise ValueError(f"{path}: scratch at T={b['steps']} ends at {lb:.5f}, another file's at {la:.5f} (more than "
                      f"{SCRATCH_TOL} apart): these runs are not the same config; analyse them separately.")
   both = sorted(set(into["variants"]) & set(b["variants"]))
-  if both:
-    raise ValueError(f"{path}: variant(s) {both} at T={b['steps']} are also in another file; pass each run once.")
-  into["variants"].update(b["variants"])
+  if both and not replace:
+    raise ValueError(f"{path}: variant(s) {both} at T={b['steps']} are also in another file; pass each run once "
+                     "(or --replace, to let the later file's runs replace the earlier ones).")
   into.setdefault("merged_scratch_losses", [la]).append(lb)
+  if replace:
+    into["scratch"], into["scratch_curve"] = b["scratch"], b.get("scratch_curve", into.get("scratch_curve"))
+    into.setdefault("replaced", []).extend(f"{n} (by {path})" for n in both)
+  into["variants"].update(b["variants"])
 
 
 def seed_of(results: dict) -> int:
@@ -108,9 +116,10 @@ def seed_of(results: dict) -> int:
   return int(seed)
 
 
-def merge(paths, fit: bool = False):
+def merge(paths, fit: bool = False, replace: bool = False):
   """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
-  later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others).
+  later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others);
+  with ``replace`` later files win instead (a variant, or scratch, run again replaces the earlier run).
 
   Files of several seeds (``--set train.seed=S``) are merged per seed, each seed's variants read on its own scratch
   frontier; the result then holds the mean over seeds of every number at the budgets and variants all seeds ran
@@ -127,14 +136,14 @@ def merge(paths, fit: bool = False):
     groups.setdefault(seed_of(d), []).append((p, d))
   if not groups:
     raise ValueError("No results files to merge.")
-  by_seed = {seed: _merge_seed(files, fit) for seed, files in sorted(groups.items())}
+  by_seed = {seed: _merge_seed(files, fit, replace) for seed, files in sorted(groups.items())}
   if len(by_seed) == 1:
     (seed, out), = by_seed.items()
     return dict(out, seed=seed)
   return _across_seeds(by_seed)
 
 
-def _merge_seed(files, fit: bool) -> dict:
+def _merge_seed(files, fit: bool, replace: bool) -> dict:
   """The merge of one seed's results files, with the frontier savings added."""
   by_steps, meta = {}, {}
   for p, d in files:
@@ -142,7 +151,7 @@ def _merge_seed(files, fit: bool) -> dict:
     meta.setdefault("family", d["family"])
     for b in d["budgets"]:
       if b["steps"] in by_steps:
-        _merge_budget(by_steps[b["steps"]], b, p)
+        _merge_budget(by_steps[b["steps"]], b, p, replace)
       else:
         by_steps[b["steps"]] = b
   budgets = [by_steps[k] for k in sorted(by_steps)]
@@ -328,7 +337,7 @@ def plot(d, path, workroot):
 
 def main(argv):
   a = cli.parse(define_flags)
-  d = merge(argv[1:], fit=a.fit)
+  d = merge(argv[1:], fit=a.fit, replace=a.replace)
   print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:

@@ -108,8 +108,13 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
   assert table[4] == "| z |  | 4.400 / 0.75x / below the frontier (to reach scratch: +25%) |"
   with pytest.raises(ValueError, match="not the same config"):
     merge([a, write("c.json", [budget(200, 5.1, 2e9, {})])])
+  again = write("d.json", [budget(200, 5.0002, 2.2e9, {"x": (4.95, 1.1e9)})])
   with pytest.raises(ValueError, match="also in another file"):
-    merge([a, write("d.json", [budget(200, 5.0, 2e9, {"x": (4.9, 1e9)})])])
+    merge([a, again])
+  # Run again (e.g. alone on the machine, for clean seconds): with replace the later file's runs win.
+  mid = merge([a, again], replace=True)["budgets"][1]
+  assert mid["variants"]["x"]["final_eval_loss"] == 4.95 and mid["scratch"]["total_flops"] == 2.2e9
+  assert mid["replaced"] == [f"x (by {again})"] and mid["merged_scratch_losses"] == [5.0, 5.0002]
   with pytest.raises(ValueError, match="one family at a time"):
     merge([a, write("e.json", [budget(300, 5.0, 3e9, {})], family="bert")])
 
