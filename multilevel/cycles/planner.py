@@ -257,17 +257,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
       if best is None or row["saving"] > best[1]["saving"]:
         best = (c, row)
     rows.append(row)
-  alone = []
-  for c in candidates:
-    cost = c.frontier.cost(target_loss)
-    if cost is None and c.frontier.loss_range[1] < target_loss:
-      cost = c.frontier.points[0][0]  # Its shortest run already ends lower: at most that much.
-    if cost is not None and cost < budget:
-      alone.append({"candidate": c.name, "steps": max(1, round(cost / c.step_flops)), "flops": cost,
-                    "saving": 1 - cost / budget, "at_most": c.frontier.cost(target_loss) is None,
-                    "lr_scale": c.lr_scale,  # Of the target's train.lr.
-                    "overrides": {**c.model, "cycle.levels": 1, "train.steps": max(1, round(cost / c.step_flops))}})
-  smaller = max(alone, key=lambda a: a["saving"]) if alone else None
+  smaller = _smaller_model_alone(candidates, target_loss, budget)
   base = {"train.steps": steps}
   scope = {"handover_jump": jump, "budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
            if beyond else "scratch's at the budget, on the target's frontier"}
@@ -288,6 +278,23 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
           "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
           "smaller_model_alone": smaller}
+
+
+def _smaller_model_alone(candidates: Sequence[Candidate], target_loss: float, budget: float) -> dict | None:
+  """The candidate that, trained alone, reaches ``target_loss`` for the fewest FLOPs below ``budget`` (None if none
+  does): its steps, FLOPs, saving and the overrides that run it."""
+  alone = []
+  for c in candidates:
+    cost = c.frontier.cost(target_loss)
+    if cost is None and c.frontier.loss_range[1] < target_loss:
+      cost = c.frontier.points[0][0]  # Its shortest run already ends lower: at most that much.
+    if cost is not None and cost < budget:
+      steps = max(1, round(cost / c.step_flops))
+      alone.append({"candidate": c.name, "steps": steps, "flops": cost, "saving": 1 - cost / budget,
+                    "at_most": c.frontier.cost(target_loss) is None,
+                    "lr_scale": c.lr_scale,  # Of the target's train.lr.
+                    "overrides": {**c.model, "cycle.levels": 1, "train.steps": steps}})
+  return max(alone, key=lambda a: a["saving"]) if alone else None
 
 
 def handover_jumps(records: Sequence[dict]) -> list[dict]:
