@@ -40,7 +40,8 @@ VARIANTS = {
     "depth_only": {**_ZERO, "cycle.width_factor": 1},
     "depth_only_3": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3},
     "depth_zero": _ZERO,
-    "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0},
+    # w_pre = 0 without split noise: the grown width copies stay tied (a control; vcycle refuses it otherwise).
+    "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0, "cycle.allow_tied_copies": True},
     "depth_zero_long": {**_ZERO, "cycle.up_fracs": (0.8, 0.25, 0.25)},
     "depth_zero_s25": {**_ZERO, "cycle.small_frac": 0.25, "cycle.up_fracs": (0.75, 0.25, 0.25)},
     "depth_zero_carry": {**_ZERO, "cycle.optimizer_policy": "carry"},
@@ -61,7 +62,8 @@ VARIANTS = {
                                 "cycle.transition_warmup_frac": 0.2},  # Longer warm-up after each transition.
     "depth_zero_split_top05": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1,
                                "cycle.lr_scales": (0.5, 4.0, 4.0)},  # The big model at half the peak LR.
-    "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0)},
+    "depth_zero_w0_lr2": {**_ZERO, "cycle.w_pre": 0.0, "cycle.lr_scales": (1.0, 2.0, 2.0),
+                          "cycle.allow_tied_copies": True},
     # muP's per-parameter rates at the small level instead of 4x everywhere; shrink and perturb at growth. (A WSD
     # comparison runs scratch with WSD too: --set train.decay=wsd, with any variant.)
     "depth_zero_mup": {**_ZERO, "cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0, 1.0)},

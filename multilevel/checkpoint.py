@@ -88,6 +88,15 @@ class Checkpointer:
     except Exception as e:
       raise CheckpointError(self._damaged(save_id, e)) from None
 
+  def restore_saved(self, save_id: int) -> Any:
+    """The state tree as saved (arrays on the default device), without a target tree: for reading a run's weights
+    outside the driver."""
+    try:
+      out = self._mngr.restore(save_id, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+      return out["state"]
+    except Exception as e:
+      raise CheckpointError(self._damaged(save_id, e)) from None
+
   def _damaged(self, save_id: int, e: Exception) -> str:
     return (f"Checkpoint {save_id} in {self.directory} could not be read ({_cause(e)}). It is damaged or was written "
             f"by a different model/config. Delete that checkpoint folder ({os.path.join(self.directory, str(save_id))})"
@@ -107,6 +116,22 @@ class Checkpointer:
       raise self._write_failed(self._saving, e) from None
     finally:
       self._mngr.close()
+
+
+def load_params(workdir: str) -> Any:
+  """The parameters of a run's latest checkpoint (``WORKDIR/checkpoints``), as the level it was training held them;
+  at the end of a run, the trained target model's (e.g. for ``multilevel.interop`` export)."""
+  directory = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
+  if not os.path.isdir(directory):
+    raise CheckpointError(f"No checkpoints under {directory}: pass the --workdir of a run.")
+  ckpt = Checkpointer(directory, async_save=False)
+  try:
+    latest = ckpt.latest()
+    if latest is None:
+      raise CheckpointError(f"No complete checkpoint in {directory}: the run wrote none yet (or they were deleted).")
+    return ckpt.restore_saved(latest)["params"]
+  finally:
+    ckpt.close()
 
 
 def _cause(e: Exception) -> str:

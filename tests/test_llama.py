@@ -309,12 +309,12 @@ def test_analytic_flops_match_xla_within_10_percent():
 @pytest.mark.slow
 def test_vcycle_trains_and_growth_keeps_the_loss(tmp_path):
   """The real driver on ``experiments/configs/llama.py:test``: down, train the small model, grow back (width and
-  zero depth growth, no interpolation); the grown model evaluates like the small one."""
+  zero depth growth, no interpolation, split noise); the grown model evaluates like the small one."""
   import math
 
   from multilevel.cycles.driver import train_and_evaluate
   from tests.engine_util import read_jsonl, tiny_config
-  c = tiny_config("llama", levels=2, **{"cycle.w_pre": 0.0, "train.steps": 24})
+  c = tiny_config("llama", levels=2, **{"cycle.w_pre": 0.0, "cycle.split_noise": 0.1, "train.steps": 24})
   s = train_and_evaluate(c, str(tmp_path))
   assert math.isfinite(s["final_eval_loss"])
   recs = read_jsonl(str(tmp_path / "metrics.jsonl"))

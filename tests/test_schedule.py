@@ -47,6 +47,17 @@ def test_knobs_reach_the_stages():
   assert p.stages[2].lr.peak == pytest.approx(3e-3 * 500 / 950)
 
 
+def test_width_copies_that_nothing_tells_apart_are_refused_with_what_breaks_them():
+  """w_pre = 0 and no split noise: refused for width growth (the copies would stay tied), with the fix named; fine
+  for depth-only growth, with split noise, interpolation or dropout, and when asked for as a control."""
+  from multilevel.typed_config import ConfigError
+  base = {"cycle.w_pre": 0.0}
+  with pytest.raises(ConfigError, match=r"stay copies for ever.*cycle\.split_noise=0\.1.*allow_tied_copies=True"):
+    plan_of(**base)
+  for ok in ({"cycle.width_factor": 1}, {"cycle.split_noise": 0.1}, {"cycle.w_pre": 0.25}, {"model.dropout": 0.1},
+             {"cycle.shrink_perturb": (0.9, 0.1)}, {"cycle.allow_tied_copies": True}):
+    assert len(plan_of(**{**base, **ok}).levels) == 2
+
 @pytest.mark.parametrize("override, message", [
     ({"cycle.levels": 0}, "levels must be >= 1"),
     ({"cycle.optimizer_policy": "keep"}, "optimizer_policy"),

@@ -73,19 +73,30 @@ def test_vcycle_options_run(tmp_path, override):
 
 def test_preln_exact_growth_keeps_the_loss_at_the_transition(tmp_path):
   """Width-only growth with the pre-LN option: the grown GPT evaluates like the small one (up to LN epsilon), also
-  with the copies' symmetry broken by split noise (applied before this evaluation), which changes the run."""
+  with the copies' symmetry broken by split noise (applied before this evaluation), which changes the run. Without
+  the noise (and no interpolation) the copies stay copies to the end of the run: every column of the embedding has a
+  duplicate (up to rounding); with it none has."""
+  import numpy as np
+
+  from multilevel.checkpoint import load_params
   digests = []
   for split_noise in (0.0, 0.2):
     c = tiny_config("gpt", levels=2, deep=True, **{"cycle.preln_exact": True, "cycle.depth_factor": 1,
                                                     "model.ln_eps": 1e-12, "cycle.split_noise": split_noise,
-                                                    "cycle.w_pre": 0.0})
+                                                    "cycle.w_pre": 0.0, "cycle.allow_tied_copies": True})
     s = train_and_evaluate(c, str(tmp_path / str(split_noise)))
     recs = read_jsonl(os.path.join(tmp_path, str(split_noise), "metrics.jsonl"))
     small_end = [r for r in recs if r.get("event") == "end_of_stage" and r["level"] == 1][-1]["eval_loss"]
     grown = next(r for r in recs if r.get("event") == "after_decoalesce")["eval_loss"]
     assert grown == pytest.approx(small_end, abs=1e-4)
     digests.append(s["params_sha256"])
+    cols = np.asarray(load_params(str(tmp_path / str(split_noise)))["word"]["embedding"]).T  # (width, vocab)
+    gap = np.abs(cols[:, None] - cols[None]).max(-1) + np.diag(np.full(len(cols), np.inf))
+    # A column with a copy: its nearest other column equal up to rounding (XLA may sum copies in another order).
+    with_copy = int((gap.min(1) < 1e-6 * np.abs(cols).mean()).sum())
+    assert with_copy == (len(cols) if split_noise == 0.0 else 0), np.sort(gap.min(1))
   assert digests[0] != digests[1]
+
 
 
 def test_nan_loss_stops_with_step_and_level(tmp_path):

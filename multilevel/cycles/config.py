@@ -58,6 +58,10 @@ class CycleConfig:
   lr_rule: str = "fixed"
   w_pre: float = 0.5  # Interpolation weight of the pre-coalescing model.
   split_noise: float = 0.0  # >0: zero-sum noise on the grown copies' read side (keeps the function).
+  # Width growth with w_pre = 0 and nothing else that breaks the copies' symmetry (split noise, shrink-and-perturb's
+  # perturbation, dropout, the restart control) leaves copies that get equal gradients and stay copies: the grown
+  # model trains as the small one. Refused unless this is set (to run that as a control).
+  allow_tied_copies: bool = False
   optimizer_policy: str = "reset"  # reset (paper) | carry (map Adam's moments through the same operators)
   transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
   final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)

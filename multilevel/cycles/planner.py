@@ -216,6 +216,11 @@ def candidate_from_bound(path: str) -> Candidate:
     raise ValueError(f"{path}: {e}") from None
 
 
+# Split noise of a planned V-cycle (relative, zero-sum over each group of copies): GPT's measured value
+# (benchmarks/RESULTS.md, depth_zero_split: 0.1 and 0.5 gave the same loss).
+SPLIT_NOISE = 0.1
+
+
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
                 target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
@@ -268,9 +273,10 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
             "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
   c, row = best
   # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
-  # would throw away part of what the small model learned (the plan assumes a lossless hand-over).
-  overrides = {**base, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2, "cycle.down_fracs": (1 / steps,),
-               "cycle.w_pre": 0.0,
+  # would throw away part of what the small model learned (the plan assumes a lossless hand-over). Split noise then
+  # breaks the grown copies' symmetry without changing the function (without it they stay copies for ever).
+  overrides = {**base, "cycle.split_noise": SPLIT_NOISE, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
+               "cycle.down_fracs": (1 / steps,), "cycle.w_pre": 0.0,
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
   return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,

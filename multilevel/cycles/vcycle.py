@@ -103,6 +103,7 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
     maps.append(m)
     cfg = m.small
   levels = (model,) + tuple(m.small for m in maps)
+  _check_symmetry_broken(cycle, levels)
 
   scales = _tuple(cycle.lr_scales, k, "lr_scales")
   down = _tuple(cycle.down_fracs, k - 1, "down_fracs")
@@ -134,6 +135,24 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
     stages.append(Stage(len(stages), lvl, "up", "grow", n, opt_at(lvl, trained(peak, n, round(tw * n), lvl == 0)),
                         tuple(sorted(held))))
   return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
+
+
+def _check_symmetry_broken(cycle, levels: tuple[ModelConfig, ...]) -> None:
+  """Refuses width growth whose copies nothing tells apart. De-coalescing gives each small unit (hidden dimension,
+  FFN unit, head) identical copies; with no interpolation (w_pre = 0) and none of split noise, shrink-and-perturb's
+  perturbation, dropout or the restart control, the copies get identical gradients and updates for ever, so the
+  grown model has the small model's capacity in the big one's cost."""
+  grows_width = any((a.width, a.ffn_dim, a.num_heads) != (b.width, b.ffn_dim, b.num_heads)
+                    for a, b in zip(levels, levels[1:]))
+  broken = (cycle.w_pre > 0 or cycle.split_noise > 0 or float(cycle.shrink_perturb[1]) > 0 or cycle.restart_control
+            or levels[0].dropout > 0)
+  if grows_width and not broken and not cycle.allow_tied_copies:
+    raise ConfigError(
+        "cycle.w_pre=0 with cycle.split_noise=0 grows the width by exact copies that nothing tells apart: they get "
+        "equal gradients and stay copies for ever, so the grown model trains as the small one does (measured: after "
+        "800 big-model steps half the hidden dimensions were still duplicates). Set cycle.split_noise=0.1 (keeps "
+        "the function and breaks the symmetry), or cycle.w_pre > 0, or cycle.allow_tied_copies=True to run the tied "
+        "model as a control.")
 
 
 def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
