@@ -21,7 +21,7 @@ from benchmarks import cli
 LABELS = {
     "depth_zero": "V-cycle default", "reference": "V-cycle reference", "gstack": "G_stack g=4",
     "gstack_g2": "G_stack g=2", "stackbert": "StackBERT", "mslt": "MSLT", "ligo": "LiGO", "msg": "MSG",
-    "core": "CoRe",
+    "core": "CoRe", "depth_zero_w0": "V-cycle, w_pre=0 (tied copies)",
 }
 
 
