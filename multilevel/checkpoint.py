@@ -134,6 +134,24 @@ def load_params(workdir: str) -> Any:
     ckpt.close()
 
 
+def load_run(workdir: str):
+  """``(ModelConfig, params)`` of a finished run: the target model as the run ended, checked against the digest its
+  ``summary.json`` recorded (``params_sha256``), ready for ``multilevel.models.apply`` or ``interop.save_hf``."""
+  from multilevel.metrics import params_digest
+  from multilevel.models import ModelConfig
+  path = os.path.join(os.path.expanduser(workdir), "summary.json")
+  if not os.path.exists(path):
+    raise CheckpointError(f"No summary.json in {workdir}: the run has not finished (run the same command to finish "
+                          f"it), or this is not a run's --workdir.")
+  with open(path, encoding="utf-8") as f:
+    summary = json.load(f)
+  params = load_params(workdir)
+  if params_digest(params) != summary["params_sha256"]:
+    raise CheckpointError(f"The latest checkpoint in {workdir} is not the parameters the run ended with (its digest "
+                          f"differs from summary.json's params_sha256): the folder was changed after the run.")
+  return ModelConfig.from_dict(summary["model"]), params
+
+
 def _cause(e: Exception) -> str:
   """The innermost cause of an Orbax error in a few words (tensorstore nests them in long chains)."""
   while e.__cause__ is not None and e.__cause__ is not e:

@@ -378,3 +378,28 @@ def test_bad_paths_and_overrides(tmp_path):
   params = jax.tree_util.tree_map(np.asarray, M.init_params(cfg, 0))
   with pytest.raises(I.TensorShapeError, match="shapes do not match the config"):
     I.save_hf(cfg.replace(num_layers=3), params, tmp_path / "x")
+
+
+def test_a_finished_run_exports_from_its_workdir_and_an_unfinished_one_is_refused(tmp_path):
+  """experiments.export writes the run's final target model (its digest checked against summary.json), which imports
+  back bit-exactly; a workdir without a finished run gives one error line."""
+  import subprocess
+
+  from multilevel.checkpoint import load_run
+  from multilevel.cycles.driver import train_and_evaluate
+  from multilevel.metrics import params_digest
+  from tests.engine_util import ROOT, tiny_config
+  work = str(tmp_path / "run")
+  summary = train_and_evaluate(tiny_config("gpt", levels=2, **{"train.steps": 12}), work)
+  cfg, params = load_run(work)
+  assert params_digest(params) == summary["params_sha256"] and cfg.to_dict() == summary["model"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
+  cmd = [sys.executable, "-m", "experiments.export", f"--workdir={work}", f"--out={tmp_path / 'hf'}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  c2, p2 = I.load_hf(tmp_path / "hf")
+  assert c2 == cfg
+  assert_trees_equal(p2, params)
+  os.remove(os.path.join(work, "summary.json"))
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("error: No summary.json")

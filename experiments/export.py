@@ -1,0 +1,34 @@
+"""Export a finished run's target model as a Hugging Face checkpoint (config.json + model.safetensors).
+
+  python -m experiments.export --workdir=runs/gpt-tiny --out=runs/gpt-tiny/hf
+
+Needs the ``hf`` extra's safetensors. The model is the one the run ended with (checked against its summary.json);
+``transformers.AutoModelFor...from_pretrained(OUT)`` loads it. An expected error prints one line starting with
+"error:" and exits with status 1.
+"""
+
+import sys
+
+from absl import app, flags
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a finished experiments.train run.")
+_OUT = flags.DEFINE_string("out", None, "Folder to write config.json and model.safetensors to.")
+flags.mark_flags_as_required(["workdir", "out"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from multilevel import interop
+  from multilevel.checkpoint import CheckpointError, load_run
+  try:
+    cfg, params = load_run(_WORKDIR.value)
+    out = interop.save_hf(cfg, params, _OUT.value)
+  except (CheckpointError, ValueError, ImportError) as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+  print(f"{cfg.family} model ({cfg.num_layers} layers, width {cfg.width}) written to {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)
