@@ -193,7 +193,7 @@ def _mean(values):
     keys = [k for k in values[0] if all(k in v for v in values)]
     return {k: _mean([v[k] for v in values]) for k in keys}
   if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-    return sum(values) / len(values)
+    return values[0] if all(v == values[0] for v in values) else sum(values) / len(values)  # Steps stay ints.
   return values[0]
 
 

@@ -140,6 +140,7 @@ def test_results_of_several_seeds_are_read_each_on_its_own_frontier_and_averaged
   a, b = write("a.json", None, 5.0, 5.0), write("b.json", 1, 4.9, 4.9)
   d = merge([a, b])
   assert d["seeds"] == [1, 42] and sorted(d["by_seed"]) == ["1", "42"]
+  assert [b["steps"] for b in d["budgets"]] == [100, 200, 400] and isinstance(d["budgets"][0]["steps"], int)
   x = d["budgets"][1]["variants"]["x"]
   per = x["per_seed"]["frontier_flops_saving"]
   assert per == pytest.approx([1 - 1 / 2, 1 - 1 / 2])  # Each at its own scratch's T=200 point (2e9 FLOPs).
