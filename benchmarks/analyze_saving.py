@@ -94,7 +94,7 @@ SCRATCH_TOL = 1e-3
 
 def _merge_budget(into: dict, b: dict, path: str, replace: bool = False, tol: float = SCRATCH_TOL) -> None:
   """Adds budget entry ``b`` (same steps as ``into``) to ``into``: its variants join; its scratch must agree. With
-  ``replace`` the later file wins: its scratch (the same loss, within SCRATCH_TOL, but its own seconds) and its runs
+  ``replace`` the later file wins: its scratch (the same loss, within ``tol``, but its own seconds) and its runs
   of variants ``into`` already has replace those (listed in ``replaced``)."""
   la, lb = into["scratch"]["final_eval_loss"], b["scratch"]["final_eval_loss"]
   if abs(la - lb) > tol:
