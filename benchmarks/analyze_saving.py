@@ -12,6 +12,9 @@ Two views of the saving, both against scratch runs of the same model, data and s
 - the fitted frontier (``--fit``): L(F) = E + A F^-a fitted to the fully decayed scratch points (at least four), and
   the saving read off the fit, also a little outside the measured range. A chord between measured points lies above
   the convex frontier and inflates every saving read off it; the fit does not.
+- ``--frontier=FILES``: the frontier (measured or fitted) is made of those files' scratch runs instead of the merged
+  files' own, e.g. WSD scratch runs for methods measured against linear-decay scratch (the stronger baseline a user
+  may have); the savings read off the curve stay against each file's own scratch run.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ def define_flags(fv: flags.FlagValues) -> None:
                      "differ by and still merge.", flag_values=fv)
   flags.DEFINE_bool("fit", False, "Read savings off a fitted frontier E + A F^-a (>= 4 scratch budgets).",
                     flag_values=fv)
+  flags.DEFINE_integer("fit_min_steps", 0, "Fit only the scratch points of at least this many steps (the shortest "
+                       "runs, dominated by warm-up, can leave the power law; the fit's rms says how well it holds).",
+                       flag_values=fv)
+  flags.DEFINE_list("frontier", [], "Results files whose scratch runs make the frontier instead of the merged "
+                    "files' own (e.g. WSD scratch runs, to read linear-decay runs against the stronger baseline); "
+                    "the savings read off the curve stay against each file's own scratch.", flag_values=fv)
 
 
 def frontier_cost(points, loss):
@@ -121,7 +130,8 @@ def seed_of(results: dict) -> int:
   return int(seed)
 
 
-def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_TOL):
+def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_TOL, frontier=(),
+          fit_min_steps: int = 0):
   """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
   later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others);
   with ``replace`` later files win instead (a variant, or scratch, run again replaces the earlier run).
@@ -129,7 +139,35 @@ def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_
   Files of several seeds (``--set train.seed=S``) are merged per seed, each seed's variants read on its own scratch
   frontier; the result then holds the mean over seeds of every number at the budgets and variants all seeds ran
   (``per_seed`` keeps each seed's values of the savings and losses, ``seeds`` the seeds) and ``by_seed`` the merge of
-  each seed alone."""
+  each seed alone.
+
+  ``frontier`` (results files) replaces the frontier: each seed's variants are read against the scratch runs of the
+  ``frontier`` files of the same seed (merged like the others) instead of their own files' scratch runs. With
+  ``fit``, ``fit_min_steps`` leaves the scratch points of fewer steps out of the fit."""
+  groups, family = _group_by_seed(paths)
+  if not groups:
+    raise ValueError("No results files to merge.")
+  fronts = {}
+  if frontier:
+    fgroups, ffamily = _group_by_seed(frontier)
+    if ffamily != family:
+      raise ValueError(f"The frontier files are {ffamily} results; the others are {family}: use one family.")
+    for seed in groups:
+      if seed not in fgroups:
+        raise ValueError(f"No frontier file ran seed {seed} (they ran {sorted(fgroups)}): pass scratch runs of "
+                         "every seed the variants ran.")
+      fronts[seed] = {"files": [p for p, _ in fgroups[seed]],
+                      "budgets": _merge_budgets(fgroups[seed], replace, tol)}
+  by_seed = {seed: _merge_seed(files, fit, replace, tol, fronts.get(seed), fit_min_steps)
+             for seed, files in sorted(groups.items())}
+  if len(by_seed) == 1:
+    (seed, out), = by_seed.items()
+    return dict(out, seed=seed)
+  return _across_seeds(by_seed)
+
+
+def _group_by_seed(paths):
+  """({seed: [(path, results), ...]}, family) of results files, refusing a mix of families."""
   groups: dict[int, list[tuple[str, dict]]] = {}
   family = None
   for p in paths:
@@ -139,42 +177,58 @@ def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_
       raise ValueError(f"{p} is a {d['family']} result; the others are {family}: merge one family at a time.")
     family = d["family"]
     groups.setdefault(seed_of(d), []).append((p, d))
-  if not groups:
-    raise ValueError("No results files to merge.")
-  by_seed = {seed: _merge_seed(files, fit, replace, tol) for seed, files in sorted(groups.items())}
-  if len(by_seed) == 1:
-    (seed, out), = by_seed.items()
-    return dict(out, seed=seed)
-  return _across_seeds(by_seed)
+  return groups, family
 
 
-def _merge_seed(files, fit: bool, replace: bool, tol: float) -> dict:
-  """The merge of one seed's results files, with the frontier savings added."""
-  by_steps, meta = {}, {}
+def _merge_budgets(files, replace: bool, tol: float) -> list:
+  """The budget entries of ``files`` (one seed), merged by steps and sorted."""
+  by_steps = {}
   for p, d in files:
-    meta.setdefault("commands", []).append(d["command"])
-    meta.setdefault("family", d["family"])
     for b in d["budgets"]:
       if b["steps"] in by_steps:
         _merge_budget(by_steps[b["steps"]], b, p, replace, tol)
       else:
         by_steps[b["steps"]] = b
-  budgets = [by_steps[k] for k in sorted(by_steps)]
-  flops_pts = [(b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets]
-  secs_pts = [(b["scratch"]["train_seconds"], b["scratch"]["final_eval_loss"]) for b in budgets]
-  fits = {"flops": fit_frontier(flops_pts), "seconds": fit_frontier(secs_pts)} if fit else None
+  return [by_steps[k] for k in sorted(by_steps)]
+
+
+def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | None = None,
+                fit_min_steps: int = 0) -> dict:
+  """The merge of one seed's results files, with the frontier savings added (read against ``frontier['budgets']``'
+  scratch runs when given, else against the files' own)."""
+  meta = {"commands": [d["command"] for _, d in files], "family": files[0][1]["family"]}
+  budgets = _merge_budgets(files, replace, tol)
+  front = frontier["budgets"] if frontier else budgets
+  flops_pts = [(b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in front]
+  secs_pts = [(b["scratch"]["train_seconds"], b["scratch"]["final_eval_loss"]) for b in front]
+  fits = None
+  if fit:
+    keep = [b["steps"] >= fit_min_steps for b in front]
+    fit_f = [p for p, k in zip(flops_pts, keep) if k]
+    fit_s = [p for p, k in zip(secs_pts, keep) if k]
+    fits = {"flops": fit_frontier(fit_f), "seconds": fit_frontier(fit_s), "min_steps": fit_min_steps}
   for b in budgets:
     for v in b["variants"].values():
+      loss = v["final_eval_loss"]
       if fits:
-        cf = fitted_cost(fits["flops"], v["final_eval_loss"], flops_pts)
-        cs = fitted_cost(fits["seconds"], v["final_eval_loss"], secs_pts)
+        # Where the fit leaves out the shortest points, it is not extrapolated below them: a loss above the fitted
+        # points' is read on the measured chord instead (``frontier_read`` says which).
+        above = fit_min_steps > 0 and loss > max(l for _, l in fit_f)
+        cf = frontier_cost(flops_pts, loss) if above else fitted_cost(fits["flops"], loss, fit_f)
+        cs = frontier_cost(secs_pts, loss) if above else fitted_cost(fits["seconds"], loss, fit_s)
+        v["frontier_read"] = "chord" if above else "fit"
       else:
-        cf = frontier_cost(flops_pts, v["final_eval_loss"])
-        cs = frontier_cost(secs_pts, v["final_eval_loss"])
+        cf = frontier_cost(flops_pts, loss)
+        cs = frontier_cost(secs_pts, loss)
       v["frontier_flops_saving"] = None if cf is None else 1 - v["total_flops"] / cf
       # "seconds" (steps + level-change operators) where recorded; older results have only train_seconds.
       v["frontier_seconds_saving"] = None if cs is None else 1 - v.get("seconds", v["train_seconds"]) / cs
   out = dict(meta, budgets=budgets)
+  if frontier:
+    out["frontier_from"] = {"files": frontier["files"],
+                            "points": [{k: b["steps"] if k == "steps" else b["scratch"][k]
+                                        for k in ("steps", "total_flops", "train_seconds", "final_eval_loss")}
+                                       for b in front]}
   if fits:
     out["frontier_fit"] = fits
   return out
@@ -265,8 +319,9 @@ def methods_table(d: dict) -> str:
   used relative to scratch at that T / FLOPs saved on the scratch frontier / seconds saved on it; outside the
   frontier's range it says which side (and, below it, the FLOPs saved to reach scratch's loss on the curve)."""
   bs = [b for b in d["budgets"] if b["variants"]]
-  lowest = min(b["scratch"]["final_eval_loss"] for b in d["budgets"])
-  highest = max(b["scratch"]["final_eval_loss"] for b in d["budgets"])
+  front = [p["final_eval_loss"] for p in d["frontier_from"]["points"]] if d.get("frontier_from") else [
+      b["scratch"]["final_eval_loss"] for b in d["budgets"]]
+  lowest, highest = min(front), max(front)
   head = f"method (mean of seeds {', '.join(map(str, d['seeds']))}; [min, max])" if d.get("seeds") else "method"
   rows = [f"| {head} | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
                                       f"{b['scratch']['final_eval_loss']:.3f})" for b in bs) + " |",
@@ -342,7 +397,8 @@ def plot(d, path, workroot):
 
 def main(argv):
   a = cli.parse(define_flags)
-  d = merge(argv[1:], fit=a.fit, replace=a.replace, tol=a.scratch_tol)
+  d = merge(argv[1:], fit=a.fit, replace=a.replace, tol=a.scratch_tol, frontier=a.frontier,
+            fit_min_steps=a.fit_min_steps)
   print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:

@@ -163,6 +163,55 @@ def test_results_of_several_seeds_are_read_each_on_its_own_frontier_and_averaged
     merge([a, str(e)])
 
 
+def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
+  from benchmarks.analyze_saving import merge, methods_table
+
+  def write(name, scratch, variants=None, seed=None):
+    budgets = [{"steps": steps, "tokens_per_param": steps / 100,
+                "scratch": {"final_eval_loss": loss, "total_flops": steps * 1e7, "train_seconds": steps / 100},
+                "variants": (variants or {}).get(steps, {})} for steps, loss in scratch]
+    p = tmp_path / name
+    overrides = {} if seed is None else {"train.seed": str(seed)}
+    p.write_text(json.dumps({"command": name, "family": "gpt", "model_overrides": overrides, "budgets": budgets}))
+    return str(p)
+
+  x = {"final_eval_loss": 5.0, "total_flops": 1e9, "train_seconds": 1.0, "flops_ratio_total": 0.5, "reached": True,
+       "flops_saving": 0.5}
+  runs = write("linear.json", [(200, 5.0)], {200: {"x": x}})  # x ties its own (weak) scratch: +50% on its chord.
+  # A stronger scratch frontier: 1e9 -> 5.2, 2e9 -> 4.8, 4e9 -> 4.5. x at 5.0 sits half-way from 1e9 to 2e9 in
+  # loss: sqrt(2) * 1e9 FLOPs, so it saves 1 - 1 / sqrt(2) there.
+  front = write("wsd.json", [(100, 5.2), (200, 4.8), (400, 4.5)])
+  d = merge([runs], frontier=[front])
+  v = d["budgets"][0]["variants"]["x"]
+  assert v["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
+  assert v["flops_saving"] == 0.5  # Read off its own scratch's curve: unchanged.
+  assert d["frontier_from"]["files"] == [front]
+  assert [p["final_eval_loss"] for p in d["frontier_from"]["points"]] == [5.2, 4.8, 4.5]
+  assert "/ **+29%** /" in methods_table(d).splitlines()[2]
+  # Worse than every point of the stronger frontier (its range, not the files' own scratch, decides).
+  worse = write("worse.json", [(200, 5.0)], {200: {"x": dict(x, final_eval_loss=5.3)}})
+  assert "worse than every scratch point" in methods_table(merge([worse], frontier=[front]))
+  with pytest.raises(ValueError, match="No frontier file ran seed 1"):
+    merge([write("s1.json", [(200, 5.0)], {200: {"x": x}}, seed=1)], frontier=[front])
+  # The fit can leave out the shortest runs: four points on E + A F^-a (F = steps * 1e7) and a 100-step run off it.
+  law = lambda steps: 2.0 + 1e3 * (steps * 1e7) ** -0.3
+  pts = [(100, law(100) + 0.3)] + [(t, law(t)) for t in (200, 400, 800, 1600)]
+  lawful = write("law.json", pts, {800: {"x": dict(x, final_eval_loss=law(400), total_flops=2e9)}})
+  loose, tight = merge([lawful], fit=True), merge([lawful], fit=True, fit_min_steps=200)
+  assert loose["frontier_fit"]["flops"]["rms"] > 0.01
+  assert tight["frontier_fit"]["flops"]["rms"] < 1e-3 and tight["frontier_fit"]["min_steps"] == 200
+  assert tight["frontier_fit"]["flops"]["a"] == pytest.approx(0.3, rel=0.02)
+  # x reaches the 400-step point's loss with 2e9 FLOPs where scratch needs 4e9: half.
+  assert tight["budgets"][3]["variants"]["x"]["frontier_flops_saving"] == pytest.approx(0.5, abs=0.02)
+  assert tight["budgets"][3]["variants"]["x"]["frontier_read"] == "fit"
+  # A loss above every fitted point is read on the chord of all points, not on the law extrapolated below them:
+  # half-way in loss from the 200-step point up to the 100-step one is sqrt(2) * 1e9 FLOPs on the log chord.
+  y = dict(x, final_eval_loss=(law(200) + law(100) + 0.3) / 2, total_flops=1e9)
+  short = merge([write("short.json", pts, {200: {"y": y}})], fit=True, fit_min_steps=200)["budgets"][1]["variants"]
+  assert short["y"]["frontier_read"] == "chord"
+  assert short["y"]["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
+
+
 def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
   from benchmarks import plot_methods
   s = {"family": "gpt", "budgets": [
