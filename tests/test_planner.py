@@ -155,6 +155,19 @@ def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tm
   assert r.returncode != 0 and "no metrics.jsonl there" in r.stderr
 
 
+def test_a_candidate_wholly_below_the_targets_measured_losses_gives_scratch_and_says_what_to_measure():
+  # The target's pilots reach 6.0 down to 4.0; the small model's shortest run already ends at 3.9: nothing to
+  # compare a hand-over against, so the plan is scratch, and it says which pilots to lengthen.
+  low = Candidate("halve", loglinear("low", 3.9, 3.5, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 0.0, {"model.num_layers": 1})
+  p = planner.plan_vcycle(TARGET, STEP, 20000, [low])
+  assert p["method"] == "scratch" and p["no_overlap"] == ["halve"]
+  text = planner.describe(p)
+  assert "lies wholly below the losses the target's frontier reaches" in text and "--target_pilots" in text
+  # A candidate that overlaps but is dearer says only that no hand-over pays.
+  dear = Candidate("width", loglinear("w", 6.0, 5.0, 300 * STEP, 2.0), 2 * STEP, 4.0, {"cycle.depth_factor": 1})
+  assert planner.plan_vcycle(TARGET, STEP, 3000, [dear])["no_overlap"] == []
+
+
 def test_a_smaller_model_that_reaches_the_loss_alone_is_named_and_the_target_still_trains():
   # The small model reaches every loss of the target for a quarter of the FLOPs: the bound hands over at the
   # budget's loss itself; the plan still trains the target for 5% of the steps and names the small model alone.

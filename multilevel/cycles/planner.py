@@ -267,10 +267,18 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   scope = {"handover_jump": jump, "budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
            if beyond else "scratch's at the budget, on the target's frontier"}
   if best is None or best[1]["saving"] <= 0:
+    # A candidate whose every measured loss lies below the lowest the search reaches never overlaps the target's
+    # frontier: no hand-over can be priced, which says nothing about whether one pays. Say what to measure.
+    below = [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
+    why = ("no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
+           f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches (down to "
+           f"{target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses (longer "
+           f"--target_pilots, up to the budget of {steps} steps) or the candidates to higher ones (shorter "
+           f"--small_pilots)")
     return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
-            "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller,
-            "why": "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"}
+            "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller, "why": why,
+            "no_overlap": below}
   c, row = best
   # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
   # would throw away part of what the small model learned (the plan assumes a lossless hand-over). Split noise then
@@ -364,6 +372,8 @@ def describe(plan: dict) -> str:
       lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  if plan.get("no_overlap"):
+    lines.append(f"why scratch: {plan['why']}")
   a = plan.get("smaller_model_alone")
   if a:
     lines.append(f"note: {a['candidate']} trained alone reaches the same loss in {'at most ' if a['at_most'] else ''}"
