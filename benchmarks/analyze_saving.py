@@ -386,13 +386,36 @@ def plot(d, path, workroot):
           style = "-" if name == "scratch" else "--"
           ax[1].plot(f, l, style, label=f"{name} T={b['steps']}")
           ax[2].plot(s, l, style, label=f"{name} T={b['steps']}")
+  _plot_frontier(ax[1], d)
   for a, lab in ((ax[1], "training FLOPs"), (ax[2], "training seconds")):
     a.set_xlabel(lab)
     a.set_ylabel("eval loss (target model)")
     a.set_xscale("log")
-    a.legend(fontsize=6)
+    if a.get_legend_handles_labels()[0]:
+      a.legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+
+
+def _plot_frontier(ax, d) -> None:
+  """The scratch frontier's points (final losses against FLOPs) and, with ``--fit``, the fitted E + A F^-a over the
+  points it was fitted to; the variants' final losses beside them."""
+  import numpy as np
+  pts = (d["frontier_from"]["points"] if d.get("frontier_from") else
+         [dict(b["scratch"], steps=b["steps"]) for b in d.get("budgets", [])])
+  if not pts:
+    return
+  ax.plot([p["total_flops"] for p in pts], [p["final_eval_loss"] for p in pts], "ko", label="scratch frontier")
+  fit = d.get("frontier_fit")
+  if fit:
+    used = [p["total_flops"] for p in pts if p["steps"] >= fit.get("min_steps", 0)]
+    f = np.geomspace(min(used), max(used), 100)
+    e, a_, k = fit["flops"]["E"], fit["flops"]["A"], fit["flops"]["a"]
+    ax.plot(f, e + a_ * f ** -k, "k-", lw=1.2,
+            label=f"fit {e:.2f} + {a_:.3g} F^-{k:.3f} (rms {fit['flops']['rms']:.3f})")
+  finals = [(v["total_flops"], v["final_eval_loss"]) for b in d.get("budgets", []) for v in b["variants"].values()]
+  if finals:
+    ax.plot(*zip(*finals), "kx", ms=6, label="variants' final losses")
 
 
 def main(argv):

@@ -204,6 +204,9 @@ def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
   # x reaches the 400-step point's loss with 2e9 FLOPs where scratch needs 4e9: half.
   assert tight["budgets"][3]["variants"]["x"]["frontier_flops_saving"] == pytest.approx(0.5, abs=0.02)
   assert tight["budgets"][3]["variants"]["x"]["frontier_read"] == "fit"
+  from benchmarks.analyze_saving import plot
+  plot(tight, str(tmp_path / "fit.png"), [])  # The frontier's points, the fitted law and the variants' finals.
+  assert (tmp_path / "fit.png").stat().st_size > 10_000
   # A loss above every fitted point is read on the chord of all points, not on the law extrapolated below them:
   # half-way in loss from the 200-step point up to the 100-step one is sqrt(2) * 1e9 FLOPs on the log chord.
   y = dict(x, final_eval_loss=(law(200) + law(100) + 0.3) / 2, total_flops=1e9)
