@@ -192,6 +192,16 @@ def _merge_budgets(files, replace: bool, tol: float) -> list:
   return [by_steps[k] for k in sorted(by_steps)]
 
 
+def _scratch_point(b: dict) -> dict:
+  """A budget entry's scratch run as a frontier point: steps, FLOPs, seconds and final loss."""
+  return {"steps": b["steps"], **{k: b["scratch"][k] for k in ("total_flops", "train_seconds", "final_eval_loss")}}
+
+
+def frontier_points(d: dict) -> list:
+  """The scratch points a merge read its savings against: those of ``--frontier`` files, else its own budgets'."""
+  return d["frontier_from"]["points"] if d.get("frontier_from") else [_scratch_point(b) for b in d["budgets"]]
+
+
 def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | None = None,
                 fit_min_steps: int = 0) -> dict:
   """The merge of one seed's results files, with the frontier savings added (read against ``frontier['budgets']``'
@@ -204,6 +214,9 @@ def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | No
   fits = None
   if fit:
     keep = [b["steps"] >= fit_min_steps for b in front]
+    if fit_min_steps and sum(keep) < 4:
+      raise ValueError(f"--fit_min_steps={fit_min_steps} keeps {sum(keep)} of the {len(front)} scratch budgets; the "
+                       "fit needs at least four: lower it, or run scratch at more budgets above it.")
     fit_f = [p for p, k in zip(flops_pts, keep) if k]
     fit_s = [p for p, k in zip(secs_pts, keep) if k]
     fits = {"flops": fit_frontier(fit_f), "seconds": fit_frontier(fit_s), "min_steps": fit_min_steps}
@@ -226,9 +239,7 @@ def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | No
   out = dict(meta, budgets=budgets)
   if frontier:
     out["frontier_from"] = {"files": frontier["files"],
-                            "points": [{k: b["steps"] if k == "steps" else b["scratch"][k]
-                                        for k in ("steps", "total_flops", "train_seconds", "final_eval_loss")}
-                                       for b in front]}
+                            "points": [_scratch_point(b) for b in front]}
   if fits:
     out["frontier_fit"] = fits
   return out
@@ -319,8 +330,7 @@ def methods_table(d: dict) -> str:
   used relative to scratch at that T / FLOPs saved on the scratch frontier / seconds saved on it; outside the
   frontier's range it says which side (and, below it, the FLOPs saved to reach scratch's loss on the curve)."""
   bs = [b for b in d["budgets"] if b["variants"]]
-  front = [p["final_eval_loss"] for p in d["frontier_from"]["points"]] if d.get("frontier_from") else [
-      b["scratch"]["final_eval_loss"] for b in d["budgets"]]
+  front = [p["final_eval_loss"] for p in frontier_points(d)]
   lowest, highest = min(front), max(front)
   head = f"method (mean of seeds {', '.join(map(str, d['seeds']))}; [min, max])" if d.get("seeds") else "method"
   rows = [f"| {head} | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
@@ -401,8 +411,7 @@ def _plot_frontier(ax, d) -> None:
   """The scratch frontier's points (final losses against FLOPs) and, with ``--fit``, the fitted E + A F^-a over the
   points it was fitted to; the variants' final losses beside them."""
   import numpy as np
-  pts = (d["frontier_from"]["points"] if d.get("frontier_from") else
-         [dict(b["scratch"], steps=b["steps"]) for b in d.get("budgets", [])])
+  pts = frontier_points(d)
   if not pts:
     return
   ax.plot([p["total_flops"] for p in pts], [p["final_eval_loss"] for p in pts], "ko", label="scratch frontier")
@@ -413,7 +422,7 @@ def _plot_frontier(ax, d) -> None:
     e, a_, k = fit["flops"]["E"], fit["flops"]["A"], fit["flops"]["a"]
     ax.plot(f, e + a_ * f ** -k, "k-", lw=1.2,
             label=f"fit {e:.2f} + {a_:.3g} F^-{k:.3f} (rms {fit['flops']['rms']:.3f})")
-  finals = [(v["total_flops"], v["final_eval_loss"]) for b in d.get("budgets", []) for v in b["variants"].values()]
+  finals = [(v["total_flops"], v["final_eval_loss"]) for b in d["budgets"] for v in b["variants"].values()]
   if finals:
     ax.plot(*zip(*finals), "kx", ms=6, label="variants' final losses")
 

@@ -204,6 +204,8 @@ def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
   # x reaches the 400-step point's loss with 2e9 FLOPs where scratch needs 4e9: half.
   assert tight["budgets"][3]["variants"]["x"]["frontier_flops_saving"] == pytest.approx(0.5, abs=0.02)
   assert tight["budgets"][3]["variants"]["x"]["frontier_read"] == "fit"
+  with pytest.raises(ValueError, match="keeps 3 of the 5 scratch budgets"):
+    merge([lawful], fit=True, fit_min_steps=400)
   from benchmarks.analyze_saving import plot
   plot(tight, str(tmp_path / "fit.png"), [])  # The frontier's points, the fitted law and the variants' finals.
   assert (tmp_path / "fit.png").stat().st_size > 10_000
