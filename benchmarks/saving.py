@@ -113,6 +113,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("workroot", "/tmp/multilevel-bench", "Where the runs' workdirs go (wiped first).",
                       flag_values=fv)
   flags.DEFINE_bool("reuse_scratch", False, "Reuse a finished scratch run found in --workroot.", flag_values=fv)
+  flags.DEFINE_list("scratch_from", [], "Earlier results files of this benchmark whose scratch run at a budget is "
+                    "reused instead of training it again (same family and overrides, refused otherwise; the entry "
+                    "records the file).", flag_values=fv)
   flags.DEFINE_list("plan", [], "plan.json files of experiments.plan: each adds a variant 'planned' (its overrides) at "
                     "the budget it was planned for.", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).",
@@ -215,6 +218,39 @@ def train(config, workdir):
   return {"summary": summary, "records": read_metrics(workdir)}
 
 
+def _values(overrides: dict) -> dict:
+  """Override values compared by what they mean: "4e-3" (from --set) equals 0.004 (from a results file)."""
+  import ast
+
+  def value(v):
+    if isinstance(v, str):
+      try:
+        v = ast.literal_eval(v.strip())
+      except (ValueError, SyntaxError):
+        return v
+    return tuple(v) if isinstance(v, list) else v
+  return {k: value(v) for k, v in overrides.items()}
+
+
+def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) -> dict | None:
+  """The scratch run at ``steps`` from earlier results files (``--scratch_from``), in the form ``train`` returns
+  (its evaluation curve as records of the target level), or None when no file has that budget. A file of another
+  family or other model/data overrides is refused: its scratch run would be another baseline."""
+  for path in paths:
+    with open(path) as f:
+      d = json.load(f)
+    theirs, ours = _values(d.get("model_overrides", {})), _values(overrides)
+    if d.get("family") != family or theirs != ours:
+      raise app.UsageError(f"--scratch_from {path}: its runs are family {d.get('family')!r} with overrides {theirs}, "
+                           f"this benchmark's are {family!r} with {ours}; reuse scratch runs of the same settings "
+                           f"only (or leave --scratch_from out to train them).")
+    for b in d["budgets"]:
+      if b["steps"] == steps:
+        records = [{"flops": f, "train_seconds": s, "eval_loss": l, "level": 0} for f, s, l in b["scratch_curve"]]
+        return {"summary": dict(b["scratch"]), "records": records, "file": path}
+  return None
+
+
 def main(argv):
   del argv
   import jax
@@ -234,7 +270,10 @@ def main(argv):
   for steps in [int(b) for b in a.budgets]:
     cfg = make_config(family, steps, {"cycle.levels": 1}, extra, a.evals)
     scratch_dir = os.path.join(a.workroot, f"{family}-{steps}-scratch")
-    if a.reuse_scratch and os.path.exists(os.path.join(scratch_dir, "summary.json")):
+    earlier = earlier_scratch(a.scratch_from, family, results["model_overrides"], steps)
+    if earlier is not None:
+      scratch = earlier
+    elif a.reuse_scratch and os.path.exists(os.path.join(scratch_dir, "summary.json")):
       from multilevel.metrics import read_metrics
       with open(os.path.join(scratch_dir, "summary.json")) as f:
         scratch = {"summary": json.load(f), "records": read_metrics(scratch_dir)}
@@ -250,6 +289,8 @@ def main(argv):
                                                                   "epochs")},
              "scratch_curve": [[f, s, l] for f, s, l in curve(scratch["records"])],
              "variants": {}}
+    if earlier is not None:
+      entry["scratch_from"] = earlier["file"]
     planned = {}
     for path in a.plan:
       with open(path) as f:

@@ -49,3 +49,20 @@ def run_cli(workdir: str, flags: list[str], env: dict | None = None, timeout: fl
 def read_jsonl(path: str) -> list[dict]:
   with open(path, encoding="utf-8") as f:
     return [json.loads(ln) for ln in f if ln.strip()]
+
+
+class Killed(Exception):
+  """Raised by ``train_killed_at``'s fault hook where a crash would kill the process."""
+
+
+def train_killed_at(config, workdir, fault=None, monkeypatch=None) -> dict:
+  """Runs ``config`` in this process through the driver; with ``fault`` (a ``MULTILEVEL_FAULT`` point such as
+  ``step:7`` or ``transition:1``) the run raises ``Killed`` there instead, as a crash would stop it (the hook is set
+  with ``monkeypatch``; undo it before the resuming run)."""
+  from multilevel.cycles import driver as D
+  if fault is not None:
+    def hook(point):
+      if point == fault:
+        raise Killed(point)
+    monkeypatch.setattr(D, "_fault", hook)
+  return D.train_and_evaluate(config, str(workdir))

@@ -247,3 +247,29 @@ def test_a_variant_is_compared_on_scratchs_curve_and_its_growths_jumps_are_kept(
   # Reaches 5.0 halfway between 2e9 (5.2) and 3e9 (4.8): 2.5e9 of scratch's 4e9.
   assert v["reached"] and v["flops_to_reach"] == pytest.approx(2.5e9) and v["flops_saving"] == pytest.approx(0.375)
   assert v["handover_jumps"] == [0.15] and v["flops_ratio_total"] == 0.75
+
+
+def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(tmp_path):
+  from absl import app
+
+  from benchmarks.saving import compare, curve, earlier_scratch
+  rec = lambda step, loss, flops: dict(step=step, stage=0, level=0, eval_loss=loss, flops=flops, train_seconds=flops / 1e9)
+  scratch = {"summary": {"final_eval_loss": 5.0, "total_flops": 4e9, "train_seconds": 4.0, "epochs": 0.1},
+             "records": [rec(1, 6.0, 1e9), rec(2, 5.5, 2e9), {"step": 2, "lr": 1e-3}, rec(4, 5.0, 4e9)]}
+  overrides = {"train.lr": 0.002, "train.decay": "wsd"}
+  path = str(tmp_path / "earlier.json")
+  with open(path, "w") as f:
+    json.dump({"family": "gpt", "model_overrides": overrides, "budgets": [
+        {"steps": 400, "scratch": scratch["summary"], "scratch_curve": [list(p) for p in curve(scratch["records"])],
+         "variants": {}}]}, f)
+  run = {"summary": {"final_eval_loss": 4.9, "total_flops": 3e9, "train_seconds": 3.0},
+         "records": [rec(2, 5.2, 2e9), rec(3, 4.9, 3e9)]}
+  # The same budget and settings ("2e-3" as --set gives it equals the file's 0.002): compared exactly as the run.
+  again = earlier_scratch([path], "gpt", {"train.lr": "2e-3", "train.decay": "wsd"}, 400)
+  assert again["file"] == path
+  mine, theirs = compare(scratch, run), compare(again, run)
+  assert {k: v for k, v in theirs.items() if k != "curve"} == {k: v for k, v in mine.items() if k != "curve"}
+  assert earlier_scratch([path], "gpt", overrides, 800) is None  # Not in the file: trained as usual.
+  for family, other in (("bert", overrides), ("gpt", {**overrides, "data.name": "gcide"})):
+    with pytest.raises(app.UsageError, match="same settings"):
+      earlier_scratch([path], family, other, 400)

@@ -12,7 +12,6 @@ import pytest
 from multilevel import models as M
 from multilevel import operators as O
 from multilevel.cycles import CycleConfig, method_of
-from multilevel.cycles import driver as D
 from multilevel.cycles.mslt import top_copy_map
 from multilevel.cycles.stack import stack_map
 from multilevel.train import LrSchedule, ObjectiveConfig, OptimConfig, StepConfig, TrainState, train_step_fn
@@ -20,7 +19,7 @@ from multilevel.train.config import TrainConfig
 from multilevel.train.views import FULL, FrozenBottom, head_only_names
 from multilevel.tree import flatten
 from multilevel.typed_config import ConfigError, section_from
-from tests.engine_util import read_jsonl, tiny_config
+from tests.engine_util import Killed, read_jsonl, tiny_config, train_killed_at
 
 
 def _noisy_params(cfg, seed=0):
@@ -226,18 +225,9 @@ CASES = {  # One family per method keeps the suite short; the unit tests above c
 }
 
 
-class _Killed(Exception):
-  pass
-
-
 def _run(family, method, opts, workdir, fault=None, monkeypatch=None):
   c = tiny_config(family, levels=1, **{"cycle.method": method, "checkpoint.every": 10, **opts})
-  if fault is not None:
-    def hook(point):
-      if point == fault:
-        raise _Killed(point)
-    monkeypatch.setattr(D, "_fault", hook)
-  return D.train_and_evaluate(c, str(workdir))
+  return train_killed_at(c, workdir, fault, monkeypatch)
 
 
 @pytest.mark.slow
@@ -258,7 +248,7 @@ def test_each_method_runs_evaluates_around_transitions_and_resumes_bit_for_bit(m
   work = tmp_path / "killed"
   first = plan_stages[0]["steps"]
   for fault in ("transition:1", f"step:{first + 3}"):
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
       _run(family, method, opts, work, fault, monkeypatch)
   monkeypatch.undo()
   resumed = _run(family, method, opts, work)

@@ -25,6 +25,7 @@ from multilevel.typed_config import ConfigError, check_fields, section_from
 OPT_POLICIES = ("reset", "carry")
 FINAL_SCHEDULES = ("restart", "baseline_tail")
 LR_RULES = ("fixed", "mup")
+SMALL_STOPS = ("fixed", "frontier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,12 @@ class CycleConfig:
   transition_warmup_frac: float = 0.05  # Linear warm-up after each transition, as a fraction of the stage.
   final_schedule: str = "restart"  # restart (reference) | baseline_tail (continue scratch's decay)
   restart_control: bool = False  # Control: random weights at each transition instead of transferred ones.
+  # How long the smallest level trains: 'fixed' (small_frac of the budget) or 'frontier' (adaptive, cycles/switch.py:
+  # at most small_frac; it ends when its loss costs as many FLOPs per nat as the target's would on target_frontier,
+  # the (FLOPs, eval loss) points of the target's fully decayed scratch runs; what it leaves goes to the target).
+  small_stop: str = "fixed"
+  target_frontier: tuple[tuple[float, ...], ...] = ()
+  stop_window: int = 4  # Evaluations the small model's slope is fitted over (small_stop='frontier').
   # Shrink and perturb at growth (Ash & Adams 2020): params <- shrink * params + perturb * a fresh initialisation,
   # after interpolating. (1, 0) = off; it trades the function-preserving hand-over for plasticity.
   shrink_perturb: tuple[float, float] = (1.0, 0.0)
@@ -81,7 +88,7 @@ class CycleConfig:
     check_fields(self, "cycle")
     if self.levels < 1:
       raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
-    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES),
+    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES), ("small_stop", SMALL_STOPS),
                ("depth_mode", DEPTH_MODES), ("depth_growth", DEPTH_GROWTH))
     for name, allowed in choices:
       if getattr(self, name) not in allowed:
@@ -95,6 +102,18 @@ class CycleConfig:
     if len(sp) != 2 or not 0.0 < float(sp[0]) <= 1.0 or not float(sp[1]) >= 0.0:
       raise ConfigError(f"cycle.shrink_perturb must be (shrink, perturb) with 0 < shrink <= 1 and perturb >= 0, got "
                         f"{self.shrink_perturb!r}; (1, 0) turns it off.")
+    if self.small_stop == "frontier":
+      pts = self.target_frontier
+      if len(pts) < 2 or any(len(p) != 2 for p in pts):
+        raise ConfigError(f"cycle.small_stop='frontier' ends the small stage against the target's frontier: set "
+                          f"cycle.target_frontier to two or more (FLOPs, eval loss) pairs of fully decayed scratch runs "
+                          f"of the target (e.g. from experiments.plan's pilots), got {pts!r}.")
+      if self.method != "vcycle" or self.levels < 2:
+        raise ConfigError(f"cycle.small_stop='frontier' is a V-cycle option (cycle.method='vcycle', cycle.levels >= "
+                          f"2); got method {self.method!r} with {self.levels} level(s). Use small_stop='fixed'.")
+      if self.stop_window < 2:
+        raise ConfigError(f"cycle.stop_window={self.stop_window}: the small model's slope needs at least 2 "
+                          f"evaluations.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
 

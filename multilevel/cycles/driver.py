@@ -190,6 +190,8 @@ class Runner:
     except (KeyError, TypeError) as e:
       raise CheckpointError(f"Checkpoint {latest} in {self.ckpt.directory} was written by another version of "
                             f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
+    if pos.cuts:
+      self.plan = self._replan(pos.cuts)
     stage = self.plan.stages[pos.stage]
     params = stage.view.abstract(self.plan.levels[stage.level])
     held = self.plan.snapshots_before(stage.index)
@@ -206,6 +208,33 @@ class Runner:
     logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos.stage,
                  pos.stage_step, pos.global_step)
     return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
+
+  def _replan(self, cuts: list) -> Plan:
+    """The plan with the adaptive stages that ended early cut where they ended (``RunPosition.cuts``)."""
+    run = self.config
+    plan = self.method.build_plan(self.model, run.cycle, run.train, cuts=tuple(tuple(c) for c in cuts))
+    logging.info("%s", plan.describe())
+    return plan
+
+  def _maybe_stop(self, stage: Stage, loss: float) -> bool:
+    """Feeds an adaptive stage's stop rule its evaluation; when the rule fires, cuts the plan here (the unused
+    steps' FLOPs go to the target's last stage as target steps) and returns True."""
+    pos = self.pos
+    pos.stage_evals.append([pos.stage_step, pos.stats(stage.index).flops, loss])
+    why = stage.stop.decide([tuple(e) for e in pos.stage_evals])
+    if why is None:
+      return False
+    tc, last = self.config.train, self.plan.stages[-1]
+    flops = lambda st: st.view.train_flops_per_step(self.plan.levels[st.level], tc.batch_size, self.objective)
+    extra = int((stage.steps - pos.stage_step) * flops(stage) // flops(last))
+    pos.cuts.append([stage.index, pos.stage_step, extra])
+    self.plan = self._replan(pos.cuts)
+    logging.info("Stage %s stops after %d of %d steps (%s at eval loss %.4f: small model %.3g FLOPs/nat, target "
+                 "%.3g); the target's last stage gets %d more steps.", stage.name, pos.stage_step, stage.steps,
+                 why["reason"], why["loss"], why["small_cost"], why["target_cost"], extra)
+    self.writer.write({"step": pos.global_step, "stage": stage.index, "level": stage.level,
+                       "stop": dict(why, steps=pos.stage_step, planned=stage.steps, extra_target_steps=extra)})
+    return True
 
   def fresh(self):
     stage = self.plan.stages[0]
@@ -357,7 +386,7 @@ class Runner:
     window: list[float] = []
     pending, compiled = None, None
     timer = _StageTimer(pos, stage.index)
-    while pos.stage_step < stage.steps:
+    while pos.stage_step < self.plan.stages[stage.index].steps:  # (An adaptive stage's plan may cut it short.)
       g = pos.global_step
       batch = put_batch(next(self.train_iter), self.mesh)
       if compiled is None:  # Compile outside the timed region: train seconds are steps, not compilation.
@@ -413,6 +442,8 @@ class Runner:
       ev = self.evaluate(self.eval_fn(stage.level, stage.view), state.params)
       self.last_eval = (pos.global_step, ev)
       rec.update(self._eval_fields(ev))
+      if not done and stage.stop is not None and self._maybe_stop(stage, ev["eval_loss"]):
+        done = due_ckpt = True  # The stage ends here: its end-of-stage record and checkpoint.
       if done:
         rec["event"] = "end_of_stage"
     self.writer.write(rec)
@@ -445,6 +476,7 @@ class Runner:
         "levels": len(self.plan.levels),
         "method": self.plan.method,
         "per_stage": per_stage,
+        "cuts": pos.cuts,  # Adaptive stages that ended early: [stage, steps, extra target steps].
         "params_sha256": params_digest(state.params),
         "data": self.info.description,
         "num_train_examples": self.info.num_train_examples,

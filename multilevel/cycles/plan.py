@@ -26,7 +26,10 @@ class Stage:
   ``kind`` is a label for logs and summaries (the V-cycle's 'scratch' | 'down' | 'bottom' | 'up'); ``enter`` names
   how the parameters arrive ('init' for the first stage, else the method's transition into this stage); ``held``
   lists the levels whose snapshot trees are kept while this stage trains (the checkpoint stores them); ``view`` says
-  what the stage holds and trains of its model (``train.views``: the whole model unless the method says otherwise).
+  what the stage holds and trains of its model (``train.views``: the whole model unless the method says otherwise);
+  ``stop`` is an optional rule that may end the stage before ``steps`` (``switch.FrontierSwitch``: its ``decide``
+  reads the stage's evaluations); the driver then asks the method for the plan with that cut
+  (``build_plan(..., cuts=((stage, steps_done, extra_final_steps),))``).
   """
 
   index: int
@@ -37,6 +40,7 @@ class Stage:
   optim: OptimConfig
   held: tuple[int, ...] = ()
   view: View = FULL
+  stop: Any = None
 
   @property
   def lr(self) -> LrSchedule:

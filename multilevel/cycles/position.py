@@ -34,6 +34,13 @@ class RunPosition:
   transition_seconds: float = 0.0
   per_stage: list[StageStats] = dataclasses.field(default_factory=list)
   save_id: int = 0  # Id of the next checkpoint to write.
+  # An adaptive stage's evaluations so far, [stage step, stage FLOPs, eval loss], read by its stop rule; and the
+  # stages such a rule ended early, [stage, steps, extra steps given to the target]: the plan is rebuilt from them.
+  stage_evals: list = dataclasses.field(default_factory=list)
+  cuts: list = dataclasses.field(default_factory=list)
+
+  # Fields added after checkpoints of earlier versions were written: restored as their defaults when absent.
+  OPTIONAL = ("stage_evals", "cuts")
 
   def stats(self, stage: int) -> StageStats:
     """The counters of ``stage``, created on first use (stages are entered in order)."""
@@ -56,6 +63,7 @@ class RunPosition:
 
   def enter(self, stage: int) -> None:
     self.stage, self.stage_step = stage, 0
+    self.stage_evals = []
 
   def to_meta(self) -> dict:
     return dataclasses.asdict(self)
@@ -63,9 +71,9 @@ class RunPosition:
   @classmethod
   def from_meta(cls, meta: dict) -> "RunPosition":
     names = {f.name for f in dataclasses.fields(cls)}
-    missing = sorted(names - set(meta))
+    missing = sorted(names - set(meta) - set(cls.OPTIONAL))
     if missing:
       raise KeyError(f"the checkpoint's meta lacks {missing}")
-    values = {k: meta[k] for k in names}
+    values = {k: meta[k] for k in names if k in meta}
     values["per_stage"] = [StageStats(**s) for s in meta["per_stage"]]
     return cls(**values)

@@ -62,9 +62,13 @@ def _positive(n: int, name: str) -> int:
   return n
 
 
-def build_plan(model: ModelConfig, cycle, train) -> Plan:
+def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
   """The V-cycle plan for target ``model`` from the typed ``cycle`` (``cycles.config.CycleConfig``) and ``train``
-  sections; ``cycles.build_plan`` types ConfigDicts first."""
+  sections; ``cycles.build_plan`` types ConfigDicts first.
+
+  ``cuts``: ``((stage, steps, extra),)`` when an adaptive bottom stage (``cycle.small_stop='frontier'``) ended after
+  ``steps``: the plan it ran then, with ``extra`` more steps for the target's last stage (the driver converts the
+  unused small steps' FLOPs into target steps). The cut stage keeps the optimizer it trained with."""
   k, total = cycle.levels, train.steps
   lr, decay = train.lr, train.decay
   opt = lambda schedule: optim_for(schedule, train)
@@ -122,10 +126,22 @@ def build_plan(model: ModelConfig, cycle, train) -> Plan:
                         opt_at(lvl, LrSchedule(lr * float(scales[lvl]), n, n, "constant")), tuple(held)))
     held.append(lvl)  # Coalescing this level keeps it as the interpolation partner of the way back up.
   n = steps_of(cycle.small_frac, "small_frac")
-  stages.append(Stage(len(stages), k - 1, "bottom", "coalesce", n,
-                      opt_at(k - 1, trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held)))
+  cut = {int(c[0]): (int(c[1]), int(c[2])) for c in cuts}
+  bottom = len(stages)
+  if set(cut) - {bottom}:
+    raise ValueError(f"Cuts {sorted(cut)} name stages other than the bottom stage {bottom}: only it is adaptive.")
+  stop = None
+  if cycle.small_stop == "frontier":
+    from multilevel.cycles.switch import FrontierSwitch
+    stop = FrontierSwitch(tuple((float(f), float(l)) for f, l in cycle.target_frontier), cycle.stop_window,
+                          round(tw * n))
+  stages.append(Stage(bottom, k - 1, "bottom", "coalesce", cut.get(bottom, (n,))[0],
+                      opt_at(k - 1, trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held),
+                      stop=None if bottom in cut else stop))
   for lvl in range(k - 2, -1, -1):
     n = steps_of(up[lvl], f"up_fracs[{lvl}]")
+    if lvl == 0 and bottom in cut:
+      n += cut[bottom][1]
     peak = lr * float(scales[lvl])
     if lvl == 0 and cycle.final_schedule == "baseline_tail":
       # Continue where the baseline's linear decay would be with n steps left, instead of restarting at the peak.
