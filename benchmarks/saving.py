@@ -39,6 +39,15 @@ VARIANTS = {
     # Smaller jumps (about 2x the non-embedding parameters per level instead of 8x): depth only, 2 or 3 levels.
     "depth_only": {**_ZERO, "cycle.width_factor": 1},
     "depth_only_3": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3},
+    # The same with the exact hand-over (no interpolation: depth growth by the zero rule keeps the function and leaves
+    # no width copies to tell apart), width only with split noise, and depth then width (the benchmark's 2 heads:
+    # an identity width scheme at the first transition, an identity depth scheme at the second).
+    "depth_only_w0": {**_ZERO, "cycle.width_factor": 1, "cycle.w_pre": 0.0},
+    "depth_only_3_w0": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3, "cycle.w_pre": 0.0},
+    "width_only_split": {**_W, "cycle.depth_factor": 1, "cycle.preln_exact": True, "cycle.w_pre": 0.0,
+                         "cycle.split_noise": 0.1},
+    "alternating_split": {**_ZERO, "cycle.levels": 3, "cycle.width_schemes": "[[[0], [1]], null]",
+                          "cycle.depth_schemes": "[null, [[0], [1]]]", "cycle.w_pre": 0.0, "cycle.split_noise": 0.1},
     "depth_zero": _ZERO,
     # w_pre = 0 without split noise: the grown width copies stay tied (a control; vcycle refuses it otherwise).
     "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0, "cycle.allow_tied_copies": True},
@@ -68,6 +77,9 @@ VARIANTS = {
     # comparison runs scratch with WSD too: --set train.decay=wsd, with any variant.)
     "depth_zero_mup": {**_ZERO, "cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0, 1.0)},
     "depth_zero_sp": {**_ZERO, "cycle.shrink_perturb": (0.9, 0.1)},
+    # The adaptive small stage (cycles/switch.py): at most the default 50%, ended where the small model pays as much
+    # per nat as the target's frontier (--frontier_from) says the target would; w_pre = 0 + split noise (lossless).
+    "depth_zero_adaptive": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1, "cycle.small_stop": "frontier"},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},
     "control": {**_W, "cycle.restart_control": True},
@@ -81,6 +93,7 @@ METHODS = {
     "mslt": {"cycle.method": "mslt"},
     # 20 operator steps: LiGO's 100 are 0.025% of its 400k-step runs; 20 are 1.4-10% of these budgets.
     "ligo": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20},
+    "ligo100": {"cycle.method": "ligo"},  # The paper's 100 operator steps (7% of T=1400).
     "ligo_depth": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20, "cycle.ligo.width_factor": 1},
     "msg": {"cycle.method": "msg"},
     "core": {"cycle.method": "core"},
@@ -118,6 +131,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                     "records the file).", flag_values=fv)
   flags.DEFINE_list("plan", [], "plan.json files of experiments.plan: each adds a variant 'planned' (its overrides) at "
                     "the budget it was planned for.", flag_values=fv)
+  flags.DEFINE_list("frontier_from", [], "Results files whose scratch runs are the target's frontier that adaptive "
+                    "variants (cycle.small_stop='frontier') read: the benchmark's own frontier, an oracle a user would "
+                    "measure with pilots.", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).",
                       flag_values=fv)
 
@@ -251,6 +267,21 @@ def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) 
   return None
 
 
+def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
+  """(FLOPs, final eval loss) of every scratch run in ``paths`` (``--frontier_from``), for the adaptive variants."""
+  if not paths:
+    raise app.UsageError("An adaptive variant (cycle.small_stop='frontier') needs the target's frontier: give "
+                         "--frontier_from=RESULTS.json,... whose scratch runs measured it.")
+  points = {}
+  for path in paths:
+    earlier = earlier_scratch([path], family, overrides, -1)  # Checks the settings match (no budget has -1 steps).
+    assert earlier is None
+    with open(path) as f:
+      for b in json.load(f)["budgets"]:
+        points[b["steps"]] = (b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"])
+  return tuple(points[k] for k in sorted(points))
+
+
 def main(argv):
   del argv
   import jax
@@ -301,6 +332,9 @@ def main(argv):
         predicted = {"plan_file": path, "predicted_saving": p["predicted_saving"], "method": p["method"]}
     for name in list(a.variants) + list(planned):
       overrides = planned.get(name) or VARIANTS[name]
+      if overrides.get("cycle.small_stop") == "frontier":
+        overrides = {**overrides, "cycle.target_frontier": target_frontier(a.frontier_from, family,
+                                                                           results["model_overrides"])}
       run = train(make_config(family, steps, overrides, extra, a.evals),
                   os.path.join(a.workroot, f"{family}-{steps}-{name}"))
       entry["variants"][name] = compare(scratch, run)

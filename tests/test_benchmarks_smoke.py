@@ -273,3 +273,26 @@ def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(t
   for family, other in (("bert", overrides), ("gpt", {**overrides, "data.name": "gcide"})):
     with pytest.raises(app.UsageError, match="same settings"):
       earlier_scratch([path], family, other, 400)
+  # The adaptive variants read the same files' scratch runs as the target's frontier: (FLOPs, final loss) per budget.
+  from benchmarks.saving import target_frontier
+  assert target_frontier([path], "gpt", overrides) == ((4e9, 5.0),)
+  with pytest.raises(app.UsageError, match="--frontier_from"):
+    target_frontier([], "gpt", overrides)
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert", "deit", "llama"])
+def test_every_benchmark_variant_builds_a_plan_on_every_family(family):
+  from benchmarks import saving
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  for name, overrides in saving.VARIANTS.items():
+    if overrides.get("cycle.small_stop") == "frontier":
+      overrides = {**overrides, "cycle.target_frontier": ((1e12, 5.0), (4e12, 4.0))}
+    # Halving the width twice needs 4 heads (the 2-head benchmark models are refused, saying so).
+    extra = {"model.num_heads": 4, "model.head_dim": 16} if name == "depth_zero_3" else {}
+    c = saving.make_config(family, 200, overrides, extra, 10)
+    assert build_plan(model_config(c, None), c.cycle, c.train).total_steps > 0, name
+    if extra:
+      with pytest.raises(ValueError, match="heads by a width factor"):
+        c = saving.make_config(family, 200, overrides, {}, 10)
+        build_plan(model_config(c, None), c.cycle, c.train)
