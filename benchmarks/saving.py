@@ -77,9 +77,11 @@ VARIANTS = {
     # comparison runs scratch with WSD too: --set train.decay=wsd, with any variant.)
     "depth_zero_mup": {**_ZERO, "cycle.lr_rule": "mup", "cycle.lr_scales": (1.0, 1.0, 1.0)},
     "depth_zero_sp": {**_ZERO, "cycle.shrink_perturb": (0.9, 0.1)},
-    # The adaptive small stage (cycles/switch.py): at most the default 50%, ended where the small model pays as much
-    # per nat as the target's frontier (--frontier_from) says the target would; w_pre = 0 + split noise (lossless).
-    "depth_zero_adaptive": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1, "cycle.small_stop": "frontier"},
+    # The adaptive small stage (cycles/switch.py): up to T small steps, ended where the small model pays as much per
+    # nat as the target's frontier (--frontier_from) says the target would, then the target's 50% plus what the
+    # unused small steps would have cost; w_pre = 0 + split noise (a lossless hand-over).
+    "depth_zero_adaptive": {**_ZERO, "cycle.w_pre": 0.0, "cycle.split_noise": 0.1, "cycle.small_stop": "frontier",
+                            "cycle.small_frac": 1.0},
     "depth_scaled": {**_W, "cycle.preln_exact": True, "cycle.depth_growth": "scaled"},
     "stride": {**_W, "cycle.depth_mode": "stride"},
     "control": {**_W, "cycle.restart_control": True},
