@@ -47,6 +47,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("frontier", [], "Results files whose scratch runs make the frontier instead of the merged "
                     "files' own (e.g. WSD scratch runs, to read linear-decay runs against the stronger baseline); "
                     "the savings read off the curve stay against each file's own scratch.", flag_values=fv)
+  flags.DEFINE_bool("frontier_best", False, "The --frontier files are a learning-rate sweep of scratch: at each "
+                    "budget the run with the lowest loss is the frontier's point (the tuned baseline), instead of "
+                    "requiring the files' runs to agree.", flag_values=fv)
 
 
 def frontier_cost(points, loss):
@@ -131,7 +134,7 @@ def seed_of(results: dict) -> int:
 
 
 def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_TOL, frontier=(),
-          fit_min_steps: int = 0):
+          fit_min_steps: int = 0, frontier_best: bool = False):
   """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
   later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others);
   with ``replace`` later files win instead (a variant, or scratch, run again replaces the earlier run).
@@ -143,7 +146,8 @@ def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_
 
   ``frontier`` (results files) replaces the frontier: each seed's variants are read against the scratch runs of the
   ``frontier`` files of the same seed (merged like the others) instead of their own files' scratch runs. With
-  ``fit``, ``fit_min_steps`` leaves the scratch points of fewer steps out of the fit."""
+  ``fit``, ``fit_min_steps`` leaves the scratch points of fewer steps out of the fit. ``frontier_best``: the
+  ``frontier`` files are a sweep (of the learning rate, say) and each budget's point is its lowest-loss run."""
   groups, family = _group_by_seed(paths)
   if not groups:
     raise ValueError("No results files to merge.")
@@ -157,7 +161,8 @@ def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_
         raise ValueError(f"No frontier file ran seed {seed} (they ran {sorted(fgroups)}): pass scratch runs of "
                          "every seed the variants ran.")
       fronts[seed] = {"files": [p for p, _ in fgroups[seed]],
-                      "budgets": _merge_budgets(fgroups[seed], replace, tol)}
+                      "budgets": (_best_budgets if frontier_best else
+                                  lambda f: _merge_budgets(f, replace, tol))(fgroups[seed])}
   by_seed = {seed: _merge_seed(files, fit, replace, tol, fronts.get(seed), fit_min_steps)
              for seed, files in sorted(groups.items())}
   if len(by_seed) == 1:
@@ -192,9 +197,27 @@ def _merge_budgets(files, replace: bool, tol: float) -> list:
   return [by_steps[k] for k in sorted(by_steps)]
 
 
+def _best_budgets(files) -> list:
+  """At each budget of ``files`` (one seed) the scratch run with the lowest final loss, with the file and the
+  overrides it ran with (``best_of``: every file's loss there), sorted by steps: the frontier of a sweep."""
+  best = {}
+  for p, d in files:
+    for b in d["budgets"]:
+      loss = b["scratch"]["final_eval_loss"]
+      entry = best.setdefault(b["steps"], {"best_of": []})
+      entry["best_of"].append({"file": p, "final_eval_loss": loss, "overrides": d.get("model_overrides", {})})
+      if "scratch" not in entry or loss < entry["scratch"]["final_eval_loss"]:
+        entry.update({k: v for k, v in b.items() if k != "variants"}, variants={}, file=p)
+  return [best[k] for k in sorted(best)]
+
+
 def _scratch_point(b: dict) -> dict:
   """A budget entry's scratch run as a frontier point: steps, FLOPs, seconds and final loss."""
-  return {"steps": b["steps"], **{k: b["scratch"][k] for k in ("total_flops", "train_seconds", "final_eval_loss")}}
+  point = {"steps": b["steps"], **{k: b["scratch"][k] for k in ("total_flops", "train_seconds", "final_eval_loss")}}
+  if "file" in b:  # A swept frontier's point: which run it is.
+    point.update(file=b["file"], lr=b.get("best_of") and next(
+        (o["overrides"].get("train.lr") for o in b["best_of"] if o["file"] == b["file"]), None))
+  return point
 
 
 def frontier_points(d: dict) -> list:
@@ -430,7 +453,7 @@ def _plot_frontier(ax, d) -> None:
 def main(argv):
   a = cli.parse(define_flags)
   d = merge(argv[1:], fit=a.fit, replace=a.replace, tol=a.scratch_tol, frontier=a.frontier,
-            fit_min_steps=a.fit_min_steps)
+            fit_min_steps=a.fit_min_steps, frontier_best=a.frontier_best)
   print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:

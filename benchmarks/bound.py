@@ -106,11 +106,15 @@ def level_frontier(d: dict) -> Frontier:
 
 
 def target_frontier(paths: list[str]) -> tuple[Frontier, list[dict]]:
-  budgets = []
+  """The target's frontier from saving-benchmark results: at each budget the lowest-loss scratch run (files of a
+  learning-rate sweep give the tuned baseline)."""
+  best = {}
   for p in paths:
     with open(p) as f:
-      budgets += json.load(f)["budgets"]
-  budgets.sort(key=lambda b: b["steps"])
+      for b in json.load(f)["budgets"]:
+        if b["steps"] not in best or b["scratch"]["final_eval_loss"] < best[b["steps"]]["scratch"]["final_eval_loss"]:
+          best[b["steps"]] = b
+  budgets = [best[k] for k in sorted(best)]
   pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
   return Frontier("L0 (target)", pts), budgets
 

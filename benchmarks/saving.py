@@ -270,17 +270,23 @@ def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) 
 
 
 def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
-  """(FLOPs, final eval loss) of every scratch run in ``paths`` (``--frontier_from``), for the adaptive variants."""
+  """(FLOPs, final eval loss) at each budget of the scratch runs in ``paths`` (``--frontier_from``), for the adaptive
+  variants: the lowest loss where several files ran a budget (a learning-rate sweep: the files may differ in
+  ``train.lr``, in nothing else)."""
   if not paths:
     raise app.UsageError("An adaptive variant (cycle.small_stop='frontier') needs the target's frontier: give "
                          "--frontier_from=RESULTS.json,... whose scratch runs measured it.")
   points = {}
   for path in paths:
-    earlier = earlier_scratch([path], family, overrides, -1)  # Checks the settings match (no budget has -1 steps).
-    assert earlier is None
     with open(path) as f:
-      for b in json.load(f)["budgets"]:
-        points[b["steps"]] = (b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"])
+      d = json.load(f)
+    lr = d.get("model_overrides", {}).get("train.lr")
+    # Checks the settings match but for the rate (no budget has -1 steps, so nothing is read).
+    earlier_scratch([path], family, {**overrides, "train.lr": lr} if lr is not None else overrides, -1)
+    for b in d["budgets"]:
+      point = (b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"])
+      if b["steps"] not in points or point[1] < points[b["steps"]][1]:
+        points[b["steps"]] = point
   return tuple(points[k] for k in sorted(points))
 
 

@@ -217,6 +217,33 @@ def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
   assert short["y"]["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
 
 
+def test_a_swept_frontier_keeps_the_best_run_at_each_budget(tmp_path):
+  from benchmarks.analyze_saving import merge
+
+  def write(name, lr, scratch, variants=None):
+    budgets = [{"steps": steps, "tokens_per_param": steps / 100,
+                "scratch": {"final_eval_loss": loss, "total_flops": steps * 1e7, "train_seconds": steps / 100},
+                "variants": (variants or {}).get(steps, {})} for steps, loss in scratch]
+    p = tmp_path / name
+    p.write_text(json.dumps({"command": name, "family": "gpt", "model_overrides": {"train.lr": lr},
+                             "budgets": budgets}))
+    return str(p)
+
+  x = {"final_eval_loss": 5.0, "total_flops": 1e9, "train_seconds": 1.0}
+  runs = write("runs.json", 4e-3, [(200, 5.1)], {200: {"x": x}})
+  # The sweep: the low rate wins at 100 steps, the high one at 200 and 400.
+  low, high = write("lr2.json", 2e-3, [(100, 5.2), (200, 4.9), (400, 4.6)]), write("lr8.json", 8e-3,
+                                                                                   [(100, 5.4), (200, 4.8), (400, 4.5)])
+  with pytest.raises(ValueError, match="not the same config"):
+    merge([runs], frontier=[low, high])
+  d = merge([runs], frontier=[low, high], frontier_best=True)
+  pts = d["frontier_from"]["points"]
+  assert [(p["steps"], p["final_eval_loss"], p["lr"]) for p in pts] == [(100, 5.2, 2e-3), (200, 4.8, 8e-3),
+                                                                         (400, 4.5, 8e-3)]
+  # x at 5.0 lies half-way in loss between the best runs at 100 (5.2) and 200 (4.8): sqrt(2) * 1e9 FLOPs.
+  assert d["budgets"][0]["variants"]["x"]["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
+
+
 def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
   from benchmarks import plot_methods
   s = {"family": "gpt", "budgets": [
