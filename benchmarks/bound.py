@@ -55,6 +55,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("levels_from", [], "Level-run JSONs (step 1's --out) to analyse.", flag_values=fv)
   flags.DEFINE_list("target", [], "Saving-benchmark results whose scratch runs give the target's frontier.",
                     flag_values=fv)
+  flags.DEFINE_list("chain", [], "Instead of --levels_from: level-run files of different small models (each from "
+                    "its own --set cycle.*), smallest first, e.g. the halved model then the depth-only one: the "
+                    "2-level bound of each, and the bound of the whole chain (depth, then width).", flag_values=fv)
   flags.DEFINE_string("methods", "", "A summary of benchmarks.analyze_saving: measured frontier savings to plot.",
                       flag_values=fv)
   flags.DEFINE_string("summary", "", "JSON with the bound at each target budget.", flag_values=fv)
@@ -100,9 +103,29 @@ def run_level(a) -> dict:
   return out
 
 
-def level_frontier(d: dict) -> Frontier:
+def level_frontier(d: dict, name: str = "") -> Frontier:
   """The level's frontier: at each budget the best of its learning rates."""
-  return candidate_from_runs(f"L{d['level']}", d["runs"]).frontier
+  return candidate_from_runs(name or f"L{d['level']}", d["runs"]).frontier
+
+
+def chain_name(d: dict) -> str:
+  """A level-run file's model, named by its ``cycle.*`` settings (``L1 width_factor=1``)."""
+  cycle = {k.split(".", 1)[1]: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
+  return f"L{d['level']}" + "".join(f" {k}={v}" for k, v in sorted(cycle.items()))
+
+
+def _chains(a, big: Frontier) -> tuple[dict, list[dict]]:
+  """{name: chain of frontiers, smallest first, the target last} and the level files they come from."""
+  if a.chain:
+    files = []
+    for p in a.chain:
+      with open(p) as f:
+        files.append(json.load(f))
+    fronts = [level_frontier(d, chain_name(d)) for d in files]
+    chains = {f"2-level from {f.name}": [f, big] for f in fronts}
+    if len(fronts) > 1:
+      chains[f"{len(fronts) + 1}-level chain"] = fronts + [big]
+    return chains, files
 
 
 def target_frontier(paths: list[str]) -> tuple[Frontier, list[dict]]:
@@ -122,25 +145,11 @@ def target_frontier(paths: list[str]) -> tuple[Frontier, list[dict]]:
 def analyse(a) -> dict:
   if not a.target:
     raise app.UsageError("--target: give the saving-benchmark results whose scratch runs are the target's frontier.")
-  by_level: dict[int, dict] = {}
-  for p in a.levels_from:  # Files of the same level (e.g. one per learning rate) pool their runs.
-    with open(p) as f:
-      d = json.load(f)
-    if d["level"] in by_level:
-      if d["model"] != by_level[d["level"]]["model"]:
-        raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "
-                             f"{by_level[d['level']]['model']}; give one model per level.")
-      by_level[d["level"]]["runs"] += d["runs"]
-    else:
-      by_level[d["level"]] = d
-  if not by_level:
-    raise app.UsageError("--levels_from: give at least one level-run JSON (step 1's --out).")
-  levels = [by_level[k] for k in sorted(by_level, reverse=True)]  # Smallest model first.
   big, budgets = target_frontier(a.target)
-  two = [level_frontier(d) for d in levels if d["level"] == 1] + [big]
-  chains = {"2-level": two}
-  if len(levels) > 1:
-    chains[f"{len(levels) + 1}-level"] = [level_frontier(d) for d in levels] + [big]
+  if a.chain:
+    chains, levels = _chains(a, big)
+  else:
+    chains, levels = _level_chains(a, big)
   rows = []
   for b in budgets:
     row = {"steps": b["steps"], "tokens_per_param": b["tokens_per_param"], "scratch_loss":
@@ -155,15 +164,44 @@ def analyse(a) -> dict:
         for name, v in b["variants"].items():
           if v.get("frontier_flops_saving") is not None:
             measured.setdefault(name, []).append((b["tokens_per_param"], v["frontier_flops_saving"]))
-  out = {"family": a.family, "target_frontier": big.points,
-         "level_frontiers": {f.name: f.points for f in chains[max(chains, key=len)][:-1]},
+  fronts = {f.name: f.points for chain in chains.values() for f in chain[:-1]}
+  out = {"family": a.family, "target_frontier": big.points, "level_frontiers": fronts, "chains": list(chains),
          "levels": [{k: d[k] for k in ("command", "level", "model", "base_lr")} for d in levels],
          "budgets": rows, "measured": measured}
   return out
 
 
+def _level_chains(a, big: Frontier) -> tuple[dict, list[dict]]:
+  """The default plan's levels (``--levels_from``, files of one level pooled): the 2-level chain from level 1 and,
+  given more levels, the whole chain."""
+  by_level: dict[int, dict] = {}
+  for p in a.levels_from:  # Files of the same level (e.g. one per learning rate) pool their runs.
+    with open(p) as f:
+      d = json.load(f)
+    if d["level"] in by_level:
+      if d["model"] != by_level[d["level"]]["model"]:
+        raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "
+                             f"{by_level[d['level']]['model']}; give one model per level.")
+      by_level[d["level"]]["runs"] += d["runs"]
+    else:
+      by_level[d["level"]] = d
+  if not by_level:
+    raise app.UsageError("--levels_from: give at least one level-run JSON (step 1's --out).")
+  levels = [by_level[k] for k in sorted(by_level, reverse=True)]  # Smallest model first.
+  two = [level_frontier(d) for d in levels if d["level"] == 1] + [big]
+  chains = {"2-level": two}
+  if len(levels) > 1:
+    chains[f"{len(levels) + 1}-level"] = [level_frontier(d) for d in levels] + [big]
+  return chains, levels
+
+
+def chain_names(d: dict) -> list[str]:
+  """The chains a summary holds bounds of (older summaries: the keys ending in '-level')."""
+  return d.get("chains") or [k for k in d["budgets"][0] if k.endswith("-level")]
+
+
 def table(d: dict) -> str:
-  names = [k for k in d["budgets"][0] if k.endswith("-level")]
+  names = chain_names(d)
   head = "| T | tokens/param | scratch loss | " + " | ".join(
       f"{n} bound (switch at loss; small's FLOPs)" for n in names) + " | best single model at equal loss |"
   lines = [head, "|" + "---|" * (4 + len(names))]
@@ -199,13 +237,15 @@ def plot(d: dict, path: str) -> None:
   ax[0].set_xlabel("training FLOPs")
   ax[0].set_ylabel("final eval loss (fully decayed scratch)")
   ax[0].legend()
-  for n in [k for k in d["budgets"][0] if k.endswith("-level")]:
+  names = chain_names(d)
+  styles = ["k-", "k--", "k-.", "k:"]
+  for i, n in enumerate(names):
     ok = [r for r in d["budgets"] if r[n] is not None and not r[n].get("envelope_at_least")]
     if ok:
       ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["bound_saving"] for r in ok],
-                 "k-" if n == "2-level" else "k--", lw=2, label=f"bound, {n}")
-      if n == "2-level":
-        ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["envelope_saving"] for r in ok], "k:", lw=1.5,
+                 styles[i % len(styles)], lw=2 if i == 0 else 1.5, label=f"bound, {n}")
+      if n == names[-1]:  # The longest chain holds every model: its envelope is the best single model.
+        ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["envelope_saving"] for r in ok], "c:", lw=1.5,
                    label="best single model (envelope)")
   for name, xs in sorted(d["measured"].items()):
     ax[1].plot(*zip(*sorted(xs)), marker="o", lw=0.8, label=name)
@@ -230,7 +270,7 @@ def main(argv):
   a = cli.parse(define_flags)
   if a.budgets:
     run_level(a)
-  if a.levels_from or a.target:
+  if a.levels_from or a.target or a.chain:
     d = analyse(a)
     print(table(d))
     if a.summary:

@@ -107,3 +107,30 @@ def test_analyse_reads_results_files_and_plots(tmp_path):
   assert "| 1600 |" in bound.table(d) and d["measured"]["vc"]
   bound.plot(d, str(tmp_path / "b.png"))
   assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_a_chain_of_small_models_gives_each_ones_bound_and_the_chains(tmp_path):
+  """--chain: two small models of different shapes (the halved one, then a depth-only one), each file named by its
+  cycle settings; the whole chain's bound is at least either 2-level bound (any model of it may be skipped)."""
+  def budget(steps, flops, loss):
+    return {"steps": steps, "tokens_per_param": steps / 10, "scratch": {"total_flops": flops, "final_eval_loss": loss},
+            "variants": {}}
+  target = tmp_path / "target.json"
+  target.write_text(json.dumps({"budgets": [budget(100 * 2 ** i, p[0], p[1]) for i, p in enumerate(BIG.points)]}))
+  files = []
+  for name, front, cycle in (("halve", loglinear("a", 6.0, 5.0, 0.25e12, 2.0), {}),
+                             ("depth", loglinear("b", 6.0, 4.5, 0.5e12, 2.0), {"cycle.width_factor": "1"})):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"command": name, "level": 1, "model": {"name": name}, "base_lr": 1e-3, "set": cycle,
+                                "runs": [{"steps": i + 1, "lr_scale": 1, "total_flops": f, "final_eval_loss": l}
+                                         for i, (f, l) in enumerate(front.points)]}))
+    files.append(str(path))
+  a = bound.cli.parse(bound.define_flags, [f"--chain={','.join(files)}", f"--target={target}"])
+  d = bound.analyse(a)
+  assert d["chains"] == ["2-level from L1", "2-level from L1 width_factor=1", "3-level chain"]
+  for r in d["budgets"]:
+    if all(r[n] for n in d["chains"]):
+      assert r["3-level chain"]["bound_saving"] >= max(r[n]["bound_saving"] for n in d["chains"][:2]) - 1e-9
+  assert "3-level chain bound" in bound.table(d)
+  bound.plot(d, str(tmp_path / "chain.png"))
+  assert (tmp_path / "chain.png").stat().st_size > 1000
