@@ -7,8 +7,9 @@ Pilots (cached under WORKDIR/pilots: a finished pilot is read back, not rerun): 
 target at --target_pilots steps, and of each candidate small model (the V-cycle's level 1 when the target halves in
 width and depth, in depth only, in width only: --candidates) at --small_pilots steps and each of --lr_scales (the
 best learning rate per budget is kept, so no candidate is handicapped). Their final losses are each model's frontier;
-``multilevel.cycles.planner.plan_vcycle`` picks the candidate and the hand-over that the lossless bound says saves
-most, and the stage lengths that realise it. The pilots' FLOPs are reported beside the predicted saving: for one run
+``multilevel.cycles.planner.plan_vcycle`` picks the candidate (or, with --max_levels=3, a chain of two: the halved
+model, then a depth- or width-only one) and the hand-overs that the lossless bound says save most, and the stage
+lengths that realise them. The pilots' FLOPs are reported beside the predicted saving: for one run
 they are a real cost; reused across runs of the same model and data they are paid once.
 
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
@@ -43,6 +44,9 @@ _JUMP = flags.DEFINE_float("handover_jump", 0.0, "The loss (nats) the target sta
                            "grows; 0 plans for a lossless hand-over (the bound).")
 _JUMP_FROM = flags.DEFINE_list("handover_jump_from", [], "Instead of --handover_jump: workdirs of earlier V-cycle runs "
                                "of this config; the mean of the jumps measured around their growths is used.")
+_MAX_LEVELS = flags.DEFINE_integer("max_levels", 3, "Most levels a plan may have: 3 also prices chains through a "
+                                   "one-axis candidate (the halved model, then depth or width only, then the target); "
+                                   "2 keeps to one hand-over.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
@@ -148,7 +152,12 @@ def main(argv):
   jump = measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
   if not jump >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {jump}.")
-  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump)
+  if _MAX_LEVELS.value not in (2, 3):
+    raise app.UsageError(f"--max_levels must be 2 or 3, got {_MAX_LEVELS.value}.")
+  from multilevel.cycles.run_config import model_config
+  target_model = model_config(base, None)
+  shape = (target_model.num_layers, target_model.num_heads) if _MAX_LEVELS.value == 3 else None
+  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape)
   print(planner.describe(plan))
   record["plan"] = plan
   os.makedirs(work, exist_ok=True)

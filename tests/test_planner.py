@@ -248,3 +248,35 @@ def test_the_plan_check_reads_a_runs_jump_and_predicts_the_executed_schedule_wit
   assert c["replanned"]["predicted_saving"] < plan["predicted_saving"]
   with pytest.raises(ValueError, match="no growth"):
     plan_check.check({"steps": steps, "plan": plan}, recs[:2], TARGET, STEP, small)
+
+
+def test_a_chain_through_a_one_axis_model_is_planned_as_three_levels_when_it_saves_more():
+  from engine_util import tiny_config
+  from experiments.configs.common import override
+  from multilevel.cycles.run_config import model_config
+  halve = Candidate("halve", loglinear("h", 6.0, 5.0, 25 * STEP, 2.0), STEP / 4, 4.0, {})
+  depth = Candidate("depth", loglinear("d", 6.0, 4.5, 50 * STEP, 2.0), STEP / 2, 2.0, {"cycle.width_factor": 1})
+  two = planner.plan_vcycle(TARGET, STEP, 3000, [halve, depth])  # Without the target's shape: 2 levels only.
+  assert two["method"] == "vcycle from depth"
+  p = planner.plan_vcycle(TARGET, STEP, 3000, [halve, depth], shape=(4, 4))
+  # The halved model to 5.0 (where it stops being cheaper than the depth-only one), the depth-only model on to 4.5,
+  # then the target: cheaper than depth alone by F_d(5.0) - F_h(5.0) = 25 e^2 target steps.
+  assert p["method"] == "3-level vcycle from halve through depth"
+  assert p["switch_losses"] == [pytest.approx(5.0, abs=0.01), pytest.approx(4.5, abs=0.01)]
+  assert p["small_steps"] == pytest.approx(halve.frontier.cost(5.0) / (STEP / 4), rel=0.02)
+  assert p["mid_steps"] == pytest.approx((depth.frontier.cost(4.5) - depth.frontier.cost(5.0)) / (STEP / 2), rel=0.02)
+  assert p["big_steps"] == pytest.approx(3000 - TARGET.cost(4.5) / STEP, rel=0.02)
+  assert p["predicted_flops"] == pytest.approx(two["predicted_flops"] - 25 * math.e ** 2 * STEP + STEP, rel=0.01)
+  assert "halve > depth" in planner.describe(p)
+  # The overrides build that 3-level V-cycle: depth halved first (4 heads kept), then the width.
+  c = override(tiny_config("gpt", levels=3, deep=True), p["overrides"])
+  plan = build_plan(model_config(c, None), c.cycle, c.train)
+  assert [(m.num_layers, m.num_heads) for m in plan.levels] == [(4, 4), (2, 4), (2, 2)]
+  assert [s.steps for s in plan.stages] == [1, 1, p["small_steps"], p["mid_steps"], p["big_steps"]]
+  assert [s.lr.peak / c.train.lr for s in plan.stages[2:]] == pytest.approx([4.0, 2.0, 1.0])
+  # Width first through a width-only model: the other order of the same two transitions.
+  width = Candidate("width", depth.frontier, STEP / 2, 2.0, {"cycle.depth_factor": 1})
+  w = override(tiny_config("gpt", levels=3, deep=True),
+               planner.plan_vcycle(TARGET, STEP, 3000, [halve, width], shape=(4, 4))["overrides"])
+  assert [(m.num_layers, m.num_heads) for m in build_plan(model_config(w, None), w.cycle, w.train).levels] == [
+      (4, 4), (4, 2), (2, 2)]

@@ -221,8 +221,44 @@ def candidate_from_bound(path: str) -> Candidate:
 SPLIT_NOISE = 0.1
 
 
+def _one_axis(c: Candidate) -> bool:
+  """Whether the candidate halves one axis only (its cycle settings keep a width or depth factor of 1)."""
+  return any(int(c.cycle.get(k, 2)) == 1 for k in ("cycle.width_factor", "cycle.depth_factor"))
+
+
+def chain_overrides(mid: Candidate, layers: int, heads: int) -> dict:
+  """The ``cycle`` schemes of a 3-level V-cycle whose middle level is ``mid`` (one axis halved) and whose bottom
+  halves the other axis too: an identity scheme on the axis a transition keeps (the target has ``layers`` layers
+  and ``heads`` heads), the default halving on the other."""
+  ident = lambda n: [[i] for i in range(n)]
+  if int(mid.cycle.get("cycle.width_factor", 2)) == 1:  # Depth first, then width.
+    widths, depths = [ident(heads), None], [None, ident(layers // 2)]
+  else:  # Width first, then depth.
+    widths, depths = [None, ident(heads // 2)], [ident(layers), None]
+  return {"cycle.width_schemes": json.dumps(widths), "cycle.depth_schemes": json.dumps(depths)}
+
+
+def _chain_row(small: Candidate, mid: Candidate, target: Frontier, target_step_flops: float, steps: int,
+               target_loss: float, min_big_frac: float, jump: float) -> dict:
+  """A 3-level chain small -> mid -> target priced like a 2-level candidate: each model trains from the loss it
+  takes over at to the loss it hands over at, as its frontier says; one coalescing step at each larger level."""
+  row = {"candidate": f"{small.name} > {mid.name}", "chain": (small.name, mid.name)}
+  b = bound_at([small.frontier, mid.frontier, target], target_loss, jump=jump)
+  row["bound"] = b
+  if b is None or None in b["switch_losses"]:
+    return row  # A chain that skips a model is one of the 2-level rows.
+  s2, s1 = b["switch_losses"]
+  n2 = max(1, round(small.frontier.cost(s2) / small.step_flops))
+  n1 = max(1, round((mid.frontier.cost(s1) - mid.frontier.cost(s2 + jump)) / mid.step_flops))
+  n0 = max(round(min_big_frac * steps), round(steps - target.cost(s1 + jump) / target_step_flops), 1)
+  flops = target_step_flops * (1 + n0) + mid.step_flops * (1 + n1) + small.step_flops * n2
+  return dict(row, switch_loss=s1, switch_losses=[s2, s1], small_steps=n2, mid_steps=n1, big_steps=n0, flops=flops,
+              saving=1 - flops / (steps * target_step_flops))
+
+
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
-                target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0) -> dict:
+                target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0,
+                shape: tuple[int, int] | None = None) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
   measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything. The
   target trains at least ``min_big_frac`` of the steps after growing, even where the bound would hand over at the
@@ -235,7 +271,12 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
 
   ``jump``: the loss the target starts above the small model at the hand-over (nats; ``handover_jumps`` measures it
   from a run). 0 assumes a lossless hand-over, the bound; a measured jump makes the plan hand over where the loss it
-  costs is repaid, and its prediction an estimate rather than a bound."""
+  costs is repaid, and its prediction an estimate rather than a bound.
+
+  ``shape``: the target's (layers, heads). With it, the plan also prices 3-level chains: the halved candidate (both
+  axes) at the bottom, a one-axis candidate (depth or width only) in the middle (``chain_overrides``), each model
+  trained between the losses the chain's bound hands over at; the number of levels is then the planner's choice
+  (1 = scratch, 2 or 3)."""
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -262,6 +303,13 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
       if best is None or row["saving"] > best[1]["saving"]:
         best = (c, row)
     rows.append(row)
+  if shape is not None:
+    for small in [c for c in candidates if not _one_axis(c)]:
+      for mid in [c for c in candidates if _one_axis(c)]:
+        row = _chain_row(small, mid, target, target_step_flops, steps, target_loss, min_big_frac, jump)
+        rows.append(row)
+        if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
+          best = ((small, mid), row)
   smaller = _smaller_model_alone(candidates, target_loss, budget)
   base = {"train.steps": steps}
   scope = {"handover_jump": jump, "budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
@@ -280,6 +328,8 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
             "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller, "why": why,
             "no_overlap": below}
   c, row = best
+  if isinstance(c, tuple):
+    return _chain_plan(c, row, shape, base, steps, budget, scope, pilots, rows, smaller)
   # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
   # would throw away part of what the small model learned (the plan assumes a lossless hand-over). Split noise then
   # breaks the grown copies' symmetry without changing the function (without it they stay copies for ever).
@@ -291,6 +341,23 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
           "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
           "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
+          "smaller_model_alone": smaller}
+
+
+def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, smaller) -> dict:
+  """The 3-level plan of a winning chain row (see ``plan_vcycle``)."""
+  small, mid = chain
+  overrides = {**base, "cycle.split_noise": SPLIT_NOISE, **chain_overrides(mid, *shape), "cycle.method": "vcycle",
+               "cycle.levels": 3, "cycle.down_fracs": (1 / steps, 1 / steps), "cycle.w_pre": 0.0,
+               "cycle.small_frac": row["small_steps"] / steps,
+               "cycle.up_fracs": (row["big_steps"] / steps, row["mid_steps"] / steps),
+               "cycle.lr_scales": (1.0, mid.lr_scale, small.lr_scale)}
+  return {"method": f"3-level vcycle from {small.name} through {mid.name}", "overrides": overrides, **scope,
+          "target_loss": row["bound"]["target_loss"], "predicted_flops": row["flops"],
+          "predicted_saving": row["saving"], "pilot_flops": pilots,
+          "net_saving": 1 - (row["flops"] + pilots) / budget,
+          "switch_loss": row["switch_loss"], "switch_losses": row["switch_losses"], "small_steps": row["small_steps"],
+          "mid_steps": row["mid_steps"], "big_steps": row["big_steps"], "candidates": rows,
           "smaller_model_alone": smaller}
 
 
@@ -365,7 +432,13 @@ def describe(plan: dict) -> str:
   if plan.get("handover_jump"):
     lines.append(f"  each hand-over assumed to cost {plan['handover_jump']:.4f} nats (a measured jump), not lossless")
   for r in plan["candidates"]:
-    if "saving" in r:
+    if "mid_steps" in r:
+      lines.append(f"  {r['candidate']}: {r['small_steps']} steps of {r['chain'][0]} to loss {r['switch_losses'][0]:.3f}, "
+                   f"{r['mid_steps']} of {r['chain'][1]} to {r['switch_losses'][1]:.3f}, then {r['big_steps']} "
+                   f"target steps: predicted saving {100 * r['saving']:+.1f}%")
+    elif "chain" in r:
+      lines.append(f"  {r['candidate']}: the chain's bound skips a model (a 2-level row covers it)")
+    elif "saving" in r:
       lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
                    f"steps, then {r['big_steps']} target steps: predicted saving {100 * r['saving']:+.1f}%")
     else:
