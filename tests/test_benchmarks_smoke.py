@@ -43,6 +43,25 @@ def test_gpu_script_cycle_config():
   assert gpu.cycle_config(a, 1).cycle.levels == 1
   s = gpu.parse_args(["--smoke"])
   assert gpu.cycle_config(s, 2).model.num_layers == 2
+  # Every run under the stricter protocol's WSD by default; a variant of benchmarks.saving by name.
+  assert c.train.decay == "wsd" and a.cycle_variants == ["default", "msg"]
+  assert gpu.cycle_config(a, 2, "msg").cycle.method == "msg"
+  assert gpu.cycle_config(a, 2, "depth_zero_split").cycle.split_noise == 0.1
+
+
+def test_gpu_script_smoke_methods(tmp_path):
+  """Part 2 end to end on tiny shapes: scratch, the default V-cycle and a saving.py variant through the driver, read
+  as saving.py reads them (MSG, the script's other default, compiles a program per growth event: too slow here)."""
+  out = tmp_path / "gpu.json"
+  stdout = _run(["-m", "benchmarks.gpu", "--smoke", "--skip_throughput", "--cycle_variants=default,depth_zero_split",
+                 "--workroot", str(tmp_path), "--out", str(out)], timeout=600)
+  c = json.loads(out.read_text())["cycle"]
+  assert set(c["variants"]) == {"default", "depth_zero_split"}
+  assert c["variants"]["default"]["compare"]["flops_ratio_total"] < 1
+  assert c["variants"]["depth_zero_split"]["summary"]["final_eval_loss"] != c["variants"]["default"]["summary"][
+      "final_eval_loss"]
+  assert c["variants"]["default"]["driver_step_time_ratio_small_big"] > 0
+  assert "| depth_zero_split |" in stdout and "decay wsd" in stdout
 
 
 def test_throughput_script_tiny(tmp_path):
