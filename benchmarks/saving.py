@@ -43,6 +43,8 @@ VARIANTS = {
     # no width copies to tell apart), width only with split noise, and depth then width (the benchmark's 2 heads:
     # an identity width scheme at the first transition, an identity depth scheme at the second).
     "depth_only_w0": {**_ZERO, "cycle.width_factor": 1, "cycle.w_pre": 0.0},
+    "depth_only_copy_w0": {**_W, "cycle.width_factor": 1, "cycle.preln_exact": True, "cycle.depth_growth": "copy",
+                           "cycle.w_pre": 0.0},  # Plain copies (G_stack's rule) instead of the zero rule.
     "depth_only_3_w0": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3, "cycle.w_pre": 0.0},
     "width_only_split": {**_W, "cycle.depth_factor": 1, "cycle.preln_exact": True, "cycle.w_pre": 0.0,
                          "cycle.split_noise": 0.1},
