@@ -51,6 +51,7 @@ VARIANTS = {
     "alternating_split": {**_ZERO, "cycle.levels": 3, "cycle.width_schemes": "[[[0], [1]], null]",
                           "cycle.depth_schemes": "[null, [[0], [1]]]", "cycle.w_pre": 0.0, "cycle.split_noise": 0.1},
     "depth_zero": _ZERO,
+    "reference_depth_only": {"cycle.width_factor": 1},  # The paper's protocol halving depth only (BERT: copy growth).
     # w_pre = 0 without split noise: the grown width copies stay tied (a control; vcycle refuses it otherwise).
     "depth_zero_w0": {**_ZERO, "cycle.w_pre": 0.0, "cycle.allow_tied_copies": True},
     "depth_zero_long": {**_ZERO, "cycle.up_fracs": (0.8, 0.25, 0.25)},
