@@ -240,7 +240,8 @@ def train(config, workdir):
 
 
 def _values(overrides: dict) -> dict:
-  """Override values compared by what they mean: "4e-3" (from --set) equals 0.004 (from a results file)."""
+  """Override values that can change a scratch run, compared by what they mean: "4e-3" (from --set) equals 0.004
+  (from a results file); ``cycle.*`` keys are left out (scratch is the one-level plan whatever they say)."""
   import ast
 
   def value(v):
@@ -250,7 +251,7 @@ def _values(overrides: dict) -> dict:
       except (ValueError, SyntaxError):
         return v
     return tuple(v) if isinstance(v, list) else v
-  return {k: value(v) for k, v in overrides.items()}
+  return {k: value(v) for k, v in overrides.items() if not k.startswith("cycle.")}
 
 
 def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) -> dict | None:

@@ -316,6 +316,8 @@ def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(t
   mine, theirs = compare(scratch, run), compare(again, run)
   assert {k: v for k, v in theirs.items() if k != "curve"} == {k: v for k, v in mine.items() if k != "curve"}
   assert earlier_scratch([path], "gpt", overrides, 800) is None  # Not in the file: trained as usual.
+  # cycle.* settings do not change the one-level scratch run: a V-cycle knob set for every run still reuses it.
+  assert earlier_scratch([path], "gpt", {**overrides, "cycle.lr_scales": "(1,2,2)"}, 400)["file"] == path
   for family, other in (("bert", overrides), ("gpt", {**overrides, "data.name": "gcide"})):
     with pytest.raises(app.UsageError, match="same settings"):
       earlier_scratch([path], family, other, 400)
