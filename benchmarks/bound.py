@@ -57,7 +57,8 @@ def define_flags(fv: flags.FlagValues) -> None:
                     flag_values=fv)
   flags.DEFINE_list("chain", [], "Instead of --levels_from: level-run files of different small models (each from "
                     "its own --set cycle.*), smallest first, e.g. the halved model then the depth-only one: the "
-                    "2-level bound of each, and the bound of the whole chain (depth, then width).", flag_values=fv)
+                    "2-level bound of each, and the bound of the whole chain (depth, then width); 'a.json+b.json' pools one "
+                    "model's files (e.g. one per learning rate).", flag_values=fv)
   flags.DEFINE_string("methods", "", "A summary of benchmarks.analyze_saving: measured frontier savings to plot.",
                       flag_values=fv)
   flags.DEFINE_string("summary", "", "JSON with the bound at each target budget.", flag_values=fv)
@@ -118,9 +119,14 @@ def _chains(a, big: Frontier) -> tuple[dict, list[dict]]:
   """{name: chain of frontiers, smallest first, the target last} and the level files they come from."""
   if a.chain:
     files = []
-    for p in a.chain:
-      with open(p) as f:
-        files.append(json.load(f))
+    for entry in a.chain:  # 'a.json+b.json': one model's runs in several files (e.g. one per learning rate), pooled.
+      parts = []
+      for p in entry.split("+"):
+        with open(p) as f:
+          parts.append(json.load(f))
+      if any(d["model"] != parts[0]["model"] for d in parts):
+        raise app.UsageError(f"--chain entry {entry}: its files ran different models; join one model's files only.")
+      files.append(dict(parts[0], runs=[r for d in parts for r in d["runs"]]))
     fronts = [level_frontier(d, chain_name(d)) for d in files]
     chains = {f"2-level from {f.name}": [f, big] for f in fronts}
     if len(fronts) > 1:

@@ -125,8 +125,14 @@ def test_a_chain_of_small_models_gives_each_ones_bound_and_the_chains(tmp_path):
                                 "runs": [{"steps": i + 1, "lr_scale": 1, "total_flops": f, "final_eval_loss": l}
                                          for i, (f, l) in enumerate(front.points)]}))
     files.append(str(path))
+  # The halved model's runs split over two files (say, one per learning rate), pooled with '+'.
+  whole = json.loads(open(files[0]).read())
+  for i, part in enumerate((whole["runs"][:2], whole["runs"][2:])):
+    (tmp_path / f"halve{i}.json").write_text(json.dumps(dict(whole, runs=part)))
+  files[0] = f"{tmp_path / 'halve0.json'}+{tmp_path / 'halve1.json'}"
   a = bound.cli.parse(bound.define_flags, [f"--chain={','.join(files)}", f"--target={target}"])
   d = bound.analyse(a)
+  assert d["level_frontiers"]["L1"] == loglinear("a", 6.0, 5.0, 0.25e12, 2.0).points  # All its runs, pooled.
   assert d["chains"] == ["2-level from L1", "2-level from L1 width_factor=1", "3-level chain"]
   for r in d["budgets"]:
     if all(r[n] for n in d["chains"]):
