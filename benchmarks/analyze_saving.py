@@ -47,6 +47,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("frontier", [], "Results files whose scratch runs make the frontier instead of the merged "
                     "files' own (e.g. WSD scratch runs, to read linear-decay runs against the stronger baseline); "
                     "the savings read off the curve stay against each file's own scratch.", flag_values=fv)
+  flags.DEFINE_list("envelope", [], "Level-run files of benchmarks.bound (smaller models trained alone; 'a.json+b.json' "
+                    "pools one model's files): each variant's saving is also read against the envelope of those "
+                    "models' frontiers and the target's, the best single model at its final loss.", flag_values=fv)
   flags.DEFINE_bool("frontier_best", False, "The --frontier files are a learning-rate sweep of scratch: at each "
                     "budget the run with the lowest loss is the frontier's point (the tuned baseline), instead of "
                     "requiring the files' runs to agree.", flag_values=fv)
@@ -134,7 +137,7 @@ def seed_of(results: dict) -> int:
 
 
 def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_TOL, frontier=(),
-          fit_min_steps: int = 0, frontier_best: bool = False):
+          fit_min_steps: int = 0, frontier_best: bool = False, envelope=()):
   """Merges results files into one: budgets sorted by steps; a budget found in several files (e.g. more variants run
   later against the same scratch) becomes one entry whose scratch is the first file's (checked against the others);
   with ``replace`` later files win instead (a variant, or scratch, run again replaces the earlier run).
@@ -163,7 +166,8 @@ def merge(paths, fit: bool = False, replace: bool = False, tol: float = SCRATCH_
       fronts[seed] = {"files": [p for p, _ in fgroups[seed]],
                       "budgets": (_best_budgets if frontier_best else
                                   lambda f: _merge_budgets(f, replace, tol))(fgroups[seed])}
-  by_seed = {seed: _merge_seed(files, fit, replace, tol, fronts.get(seed), fit_min_steps)
+  models = envelope_models(envelope)
+  by_seed = {seed: _merge_seed(files, fit, replace, tol, fronts.get(seed), fit_min_steps, models)
              for seed, files in sorted(groups.items())}
   if len(by_seed) == 1:
     (seed, out), = by_seed.items()
@@ -225,8 +229,37 @@ def frontier_points(d: dict) -> list:
   return d["frontier_from"]["points"] if d.get("frontier_from") else [_scratch_point(b) for b in d["budgets"]]
 
 
+def envelope_models(entries) -> dict:
+  """{name: [(FLOPs, loss), ...]} of smaller models trained alone (``benchmarks.bound`` level-run files; 'a+b' pools
+  one model's files), each its best run per budget, named by its cycle settings."""
+  from benchmarks.bound import chain_name
+  from multilevel.cycles.planner import candidate_from_runs
+  out = {}
+  for entry in entries:
+    parts = []
+    for p in entry.split("+"):
+      with open(p) as f:
+        parts.append(json.load(f))
+    name = chain_name(parts[0])
+    out[name] = list(candidate_from_runs(name, [r for d in parts for r in d["runs"]]).frontier.points)
+  return out
+
+
+def envelope_cost(models: dict, target_points, loss: float) -> tuple[float | None, str | None, bool]:
+  """(FLOPs, model, at_most) of the cheapest single model at ``loss``: the target's frontier and each of ``models``
+  (log-linear chords). A model whose shortest run already ends below the loss costs at most that run (at_most)."""
+  best = (None, None, False)
+  for name, pts in [("target", list(target_points))] + list(models.items()):
+    cost, at_most = frontier_cost(pts, loss), False
+    if cost is None and loss > max(l for _, l in pts):
+      cost, at_most = min(pts)[0], True  # Its shortest run is already below the loss.
+    if cost is not None and (best[0] is None or cost < best[0]):
+      best = (cost, name, at_most)
+  return best
+
+
 def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | None = None,
-                fit_min_steps: int = 0) -> dict:
+                fit_min_steps: int = 0, models: dict | None = None) -> dict:
   """The merge of one seed's results files, with the frontier savings added (read against ``frontier['budgets']``'
   scratch runs when given, else against the files' own)."""
   meta = {"commands": [d["command"] for _, d in files], "family": files[0][1]["family"]}
@@ -257,6 +290,10 @@ def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | No
         cf = frontier_cost(flops_pts, loss)
         cs = frontier_cost(secs_pts, loss)
       v["frontier_flops_saving"] = None if cf is None else 1 - v["total_flops"] / cf
+      if models:  # The best single model at this loss: the target's (measured) frontier or a smaller model alone.
+        ce, who, at_most = envelope_cost(models, flops_pts, loss)
+        v["envelope_flops_saving"] = None if ce is None else 1 - v["total_flops"] / ce
+        v["envelope_model"], v["envelope_at_most"] = who, at_most
       # "seconds" (steps + level-change operators) where recorded; older results have only train_seconds.
       v["frontier_seconds_saving"] = None if cs is None else 1 - v.get("seconds", v["train_seconds"]) / cs
   out = dict(meta, budgets=budgets)
@@ -265,6 +302,8 @@ def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | No
                             "points": [_scratch_point(b) for b in front]}
   if fits:
     out["frontier_fit"] = fits
+  if models:
+    out["envelope_models"] = models
   return out
 
 
@@ -370,10 +409,15 @@ def methods_table(d: dict) -> str:
         continue
       head = f"{v['final_eval_loss']:.3f} / {v['flops_ratio_total']:.2f}x"
       fs, ss = v["frontier_flops_saving"], v["frontier_seconds_saving"]
+      env = ""
+      if "envelope_flops_saving" in v:
+        es = v["envelope_flops_saving"]
+        env = " / envelope: " + ("n/a" if es is None else f"{'<= ' if v['envelope_at_most'] else ''}{pct(es)}"
+                                 f"{'' if v['envelope_model'] == 'target' else ' (' + v['envelope_model'] + ')'}")
       if fs is not None:
         bold = "**" if fs > 0 else ""
         cells.append(f"{head} / {bold}{pct(fs)}{bold}{spread(v, 'frontier_flops_saving')} / {pct(ss)}"
-                     f"{spread(v, 'frontier_seconds_saving')}")
+                     f"{spread(v, 'frontier_seconds_saving')}{env}")
       elif v["final_eval_loss"] > highest:
         cells.append(f"{head} / worse than every scratch point")
       elif v["final_eval_loss"] < lowest:
@@ -453,7 +497,7 @@ def _plot_frontier(ax, d) -> None:
 def main(argv):
   a = cli.parse(define_flags)
   d = merge(argv[1:], fit=a.fit, replace=a.replace, tol=a.scratch_tol, frontier=a.frontier,
-            fit_min_steps=a.fit_min_steps, frontier_best=a.frontier_best)
+            fit_min_steps=a.fit_min_steps, frontier_best=a.frontier_best, envelope=a.envelope)
   print(saving.table(d, COLUMNS))
   if a.out:
     with open(a.out, "w") as f:

@@ -263,6 +263,30 @@ def test_a_swept_frontier_keeps_the_best_run_at_each_budget(tmp_path):
   assert d["budgets"][0]["variants"]["x"]["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
 
 
+def test_savings_are_also_read_against_the_best_single_model(tmp_path):
+  from benchmarks.analyze_saving import merge, methods_table
+  scratch = [(100, 5.2), (200, 4.8), (400, 4.5)]  # FLOPs = steps * 1e7.
+  budgets = [{"steps": st, "tokens_per_param": st / 100, "variants": {},
+              "scratch": {"final_eval_loss": l, "total_flops": st * 1e7, "train_seconds": st / 100}}
+             for st, l in scratch]
+  budgets[1]["variants"] = {"x": {"final_eval_loss": 5.0, "total_flops": 1e9, "train_seconds": 1.0,
+                                  "flops_ratio_total": 0.5}}
+  runs = tmp_path / "runs.json"
+  runs.write_text(json.dumps({"command": "r", "family": "gpt", "model_overrides": {}, "budgets": budgets}))
+  # A smaller model alone: 0.5e9 FLOPs reach 5.1, 1e9 reach 4.9 (its files split by learning rate, pooled with '+').
+  for i, run in enumerate(({"steps": 100, "lr_scale": 1, "total_flops": 0.5e9, "final_eval_loss": 5.1},
+                           {"steps": 200, "lr_scale": 1, "total_flops": 1e9, "final_eval_loss": 4.9})):
+    (tmp_path / f"small{i}.json").write_text(json.dumps({"level": 1, "set": {"cycle.width_factor": "1"},
+                                                         "model": {}, "runs": [run]}))
+  d = merge([str(runs)], envelope=[f"{tmp_path / 'small0.json'}+{tmp_path / 'small1.json'}"])
+  x = d["budgets"][1]["variants"]["x"]
+  # On the target's frontier 5.0 costs sqrt(2) 1e9; the small model reaches it with sqrt(2) 0.5e9 (half-way).
+  assert x["frontier_flops_saving"] == pytest.approx(1 - 1 / 2 ** 0.5)
+  assert x["envelope_model"] == "L1 width_factor=1" and not x["envelope_at_most"]
+  assert x["envelope_flops_saving"] == pytest.approx(1 - 2 / 2 ** 0.5)  # Negative: the small model alone is cheaper.
+  assert "envelope: -41% (L1 width_factor=1)" in methods_table(d)
+
+
 def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
   from benchmarks import plot_methods
   s = {"family": "gpt", "budgets": [
