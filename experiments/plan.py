@@ -39,7 +39,8 @@ _CANDIDATES = flags.DEFINE_list("candidates", list(CANDIDATES), f"Small models t
 _TARGET_FROM = flags.DEFINE_list("target_from", [], "Instead of the target's pilots: results of benchmarks.saving (their "
                                  "scratch runs are the target's frontier).")
 _SMALL_FROM = flags.DEFINE_list("small_from", [], "Instead of the candidates' pilots: level runs of benchmarks.bound "
-                                "(one candidate per level file; its --set cycle.* overrides name the candidate).")
+                                "(one candidate per level file, or 'a.json+b.json' for one model's files; its --set "
+                                "cycle.* overrides name the candidate; rates are rescaled to this config's train.lr).")
 _JUMP = flags.DEFINE_float("handover_jump", 0.0, "The loss (nats) the target starts above the small model when it "
                            "grows; 0 plans for a lossless hand-over (the bound).")
 _JUMP_FROM = flags.DEFINE_list("handover_jump_from", [], "Instead of --handover_jump: workdirs of earlier V-cycle runs "
@@ -134,7 +135,7 @@ def main(argv):
     target_step = target_runs[0]["total_flops"] / target_pilots[0]
     target_cost = sum(s["total_flops"] for s in target_runs)
   try:
-    candidates = [planner.candidate_from_bound(p) for p in _SMALL_FROM.value]
+    candidates = [planner.candidate_from_bound(p, lr) for p in _SMALL_FROM.value]
   except (ValueError, OSError) as e:
     raise app.UsageError(f"--small_from: {e}") from None
   for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):

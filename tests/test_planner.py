@@ -280,3 +280,26 @@ def test_a_chain_through_a_one_axis_model_is_planned_as_three_levels_when_it_sav
                planner.plan_vcycle(TARGET, STEP, 3000, [halve, width], shape=(4, 4))["overrides"])
   assert [(m.num_layers, m.num_heads) for m in build_plan(model_config(w, None), w.cycle, w.train).levels] == [
       (4, 4), (4, 2), (2, 2)]
+
+
+def test_a_candidates_files_pool_and_their_rates_are_rescaled_to_the_planned_runs(tmp_path):
+  import json
+  # The same small model run at 8e-3 as 4x a base of 2e-3, and at 4e-3 as 1x a base of 4e-3.
+  runs = {"a": (2e-3, [(4.0, 500, 1e12, 4.0), (4.0, 1000, 2e12, 3.6)]),
+          "b": (4e-3, [(1.0, 500, 1e12, 3.9), (1.0, 1000, 2e12, 3.7)])}
+  paths = []
+  for name, (base, rs) in runs.items():
+    p = tmp_path / f"{name}.json"
+    p.write_text(json.dumps({"level": 1, "base_lr": base, "model": {"model.num_layers": 2},
+                             "set": {"cycle.width_factor": "1"},
+                             "runs": [{"lr_scale": sc, "steps": st, "total_flops": f, "final_eval_loss": l}
+                                      for sc, st, f, l in rs]}))
+    paths.append(str(p))
+  c = planner.candidate_from_bound("+".join(paths), 4e-3)
+  assert c.frontier.points == ((1e12, 3.9), (2e12, 3.6))  # The best run at each budget, across the files.
+  assert c.lr_scale == 2.0 and c.name == "L1 width_factor=1"  # 8e-3 won the longest budget: 2x the planned 4e-3.
+  assert planner.candidate_from_bound(paths[0]).lr_scale == 4.0  # One file alone: its own base.
+  other = tmp_path / "other.json"
+  other.write_text(json.dumps({"level": 1, "base_lr": 4e-3, "model": {"model.num_layers": 3}, "runs": []}))
+  with pytest.raises(ValueError, match="different models"):
+    planner.candidate_from_bound(f"{paths[0]}+{other}")

@@ -203,15 +203,24 @@ def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
   return Frontier("target", pts), budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"], sum(f for f, _ in pts)
 
 
-def candidate_from_bound(path: str) -> Candidate:
+def candidate_from_bound(path: str, base_lr: float | None = None) -> Candidate:
   """A candidate from a ``benchmarks.bound`` level-run file (its runs at each budget and learning rate; its
-  ``cycle.*`` settings name it and make the V-cycle's small level this model)."""
-  with open(path) as f:
-    d = json.load(f)
+  ``cycle.*`` settings name it and make the V-cycle's small level this model). ``'a.json+b.json'`` pools one model's
+  files (e.g. run with different base rates). Each run's ``lr_scale`` is relative to its file's ``base_lr``; the
+  candidate's is made relative to ``base_lr`` (the planned run's ``train.lr``; default the first file's)."""
+  files = []
+  for p in path.split("+"):
+    with open(p) as f:
+      files.append(json.load(f))
+  d = files[0]
+  if any(f.get("model") != d.get("model") for f in files):
+    raise ValueError(f"{path}: the files ran different models; pool one model's level runs only.")
+  base = float(base_lr or d.get("base_lr") or 1.0)
+  runs = [dict(r, lr_scale=r["lr_scale"] * float(f.get("base_lr") or base) / base) for f in files for r in f["runs"]]
   cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
   try:
-    return candidate_from_runs(name, d["runs"], cycle, d.get("model", {}))
+    return candidate_from_runs(name, runs, cycle, d.get("model", {}))
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
 
