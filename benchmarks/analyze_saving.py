@@ -20,12 +20,12 @@ Two views of the saving, both against scratch runs of the same model, data and s
 from __future__ import annotations
 
 import json
-import math
-import os
 
 from absl import flags
 
 from benchmarks import cli, saving
+from benchmarks.frontiers import scratch_point, envelope_cost, envelope_models, fit_frontier, fitted_cost, frontier_cost
+from benchmarks.report import COLUMNS, methods_table, plot
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -53,51 +53,6 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_bool("frontier_best", False, "The --frontier files are a learning-rate sweep of scratch: at each "
                     "budget the run with the lowest loss is the frontier's point (the tuned baseline), instead of "
                     "requiring the files' runs to agree.", flag_values=fv)
-
-
-def frontier_cost(points, loss):
-  """Cost at which the scratch frontier [(cost, final_loss), ...] reaches ``loss`` (log-linear), else None."""
-  pts = sorted(points)
-  for (c0, l0), (c1, l1) in zip(pts, pts[1:]):
-    lo, hi = min(l0, l1), max(l0, l1)
-    if lo <= loss <= hi and l0 != l1:
-      w = (l0 - loss) / (l0 - l1)
-      return math.exp(math.log(c0) + w * (math.log(c1) - math.log(c0)))
-  return None
-
-
-def fit_frontier(points):
-  """Fits L(F) = E + A F^-a to ``[(cost, loss), ...]`` (least squares in log(L - E) for each E on a fine grid below
-  the lowest loss; the best E wins). Returns ``{'E', 'A', 'a', 'rms'}``; needs at least four points."""
-  import numpy as np
-  pts = sorted(points)
-  if len(pts) < 4:
-    raise ValueError(f"Fitting E + A F^-a needs at least four scratch budgets, got {len(pts)}.")
-  f = np.log(np.array([c for c, _ in pts], np.float64))
-  loss = np.array([l for _, l in pts], np.float64)
-  best = None
-  for e in np.linspace(0.0, loss.min() - 1e-4, 4000):
-    y = np.log(loss - e)
-    slope, icpt = np.polyfit(f, y, 1)
-    if slope >= 0:
-      continue
-    pred = e + np.exp(icpt + slope * f)
-    rms = float(np.sqrt(np.mean((pred - loss) ** 2)))
-    if best is None or rms < best["rms"]:
-      best = {"E": float(e), "A": float(np.exp(icpt)), "a": float(-slope), "rms": rms}
-  if best is None:
-    raise ValueError("The scratch losses do not fall with cost; no frontier to fit.")
-  return best
-
-
-def fitted_cost(fit, loss, points, extrapolate: float = 2.0):
-  """Cost at which the fitted frontier reaches ``loss``; None below its asymptote or farther than ``extrapolate``
-  times outside the measured costs."""
-  if loss <= fit["E"]:
-    return None
-  c = (fit["A"] / (loss - fit["E"])) ** (1.0 / fit["a"])
-  lo, hi = min(p[0] for p in points), max(p[0] for p in points)
-  return c if lo / extrapolate <= c <= hi * extrapolate else None
 
 
 # Two scratch runs at the same budget from different results files must agree this closely (nats) to be merged: the
@@ -215,49 +170,6 @@ def _best_budgets(files) -> list:
   return [best[k] for k in sorted(best)]
 
 
-def _scratch_point(b: dict) -> dict:
-  """A budget entry's scratch run as a frontier point: steps, FLOPs, seconds and final loss."""
-  point = {"steps": b["steps"], **{k: b["scratch"][k] for k in ("total_flops", "train_seconds", "final_eval_loss")}}
-  if "file" in b:  # A swept frontier's point: which run it is.
-    point.update(file=b["file"], lr=b.get("best_of") and next(
-        (o["overrides"].get("train.lr") for o in b["best_of"] if o["file"] == b["file"]), None))
-  return point
-
-
-def frontier_points(d: dict) -> list:
-  """The scratch points a merge read its savings against: those of ``--frontier`` files, else its own budgets'."""
-  return d["frontier_from"]["points"] if d.get("frontier_from") else [_scratch_point(b) for b in d["budgets"]]
-
-
-def envelope_models(entries) -> dict:
-  """{name: [(FLOPs, loss), ...]} of smaller models trained alone (``benchmarks.bound`` level-run files; 'a+b' pools
-  one model's files), each its best run per budget, named by its cycle settings."""
-  from benchmarks.bound import chain_name
-  from multilevel.cycles.planner import candidate_from_runs
-  out = {}
-  for entry in entries:
-    parts = []
-    for p in entry.split("+"):
-      with open(p) as f:
-        parts.append(json.load(f))
-    name = chain_name(parts[0])
-    out[name] = list(candidate_from_runs(name, [r for d in parts for r in d["runs"]]).frontier.points)
-  return out
-
-
-def envelope_cost(models: dict, target_points, loss: float) -> tuple[float | None, str | None, bool]:
-  """(FLOPs, model, at_most) of the cheapest single model at ``loss``: the target's frontier and each of ``models``
-  (log-linear chords). A model whose shortest run already ends below the loss costs at most that run (at_most)."""
-  best = (None, None, False)
-  for name, pts in [("target", list(target_points))] + list(models.items()):
-    cost, at_most = frontier_cost(pts, loss), False
-    if cost is None and loss > max(l for _, l in pts):
-      cost, at_most = min(pts)[0], True  # Its shortest run is already below the loss.
-    if cost is not None and (best[0] is None or cost < best[0]):
-      best = (cost, name, at_most)
-  return best
-
-
 def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | None = None,
                 fit_min_steps: int = 0, models: dict | None = None) -> dict:
   """The merge of one seed's results files, with the frontier savings added (read against ``frontier['budgets']``'
@@ -299,7 +211,7 @@ def _merge_seed(files, fit: bool, replace: bool, tol: float, frontier: dict | No
   out = dict(meta, budgets=budgets)
   if frontier:
     out["frontier_from"] = {"files": frontier["files"],
-                            "points": [_scratch_point(b) for b in front]}
+                            "points": [scratch_point(b) for b in front]}
   if fits:
     out["frontier_fit"] = fits
   if models:
@@ -348,150 +260,6 @@ def _across_seeds(by_seed: dict) -> dict:
   first = next(iter(by_seed.values()))
   return {"commands": [c for m in by_seed.values() for c in m["commands"]], "family": first["family"],
           "seeds": seeds, "budgets": budgets, "by_seed": {str(k): m for k, m in by_seed.items()}}
-
-
-def spread(v: dict, key: str) -> str:
-  """' [lo, hi]' over the seeds when ``v`` is a mean over several (as percentages for savings), else ''."""
-  vals = v.get("per_seed", {}).get(key)
-  if not vals or any(x is None for x in vals):
-    return ""
-  lo, hi = min(vals), max(vals)
-  return f" [{pct(lo)}, {pct(hi)}]" if "saving" in key else f" [{lo:.3f}, {hi:.3f}]"
-
-
-def pct(x):
-  return "n/a" if x is None else f"{100 * x:+.0f}%"
-
-
-# Savings read off the curve and on the scratch frontier; the other columns are the saving script's.
-COLUMNS: dict[str, saving.Cell] = {
-    "T (steps)": saving.COLUMNS["steps"],
-    "tokens/param": saving.COLUMNS["tokens/param"],
-    "variant": saving.COLUMNS["variant"],
-    "final loss (scratch)": saving.COLUMNS["final loss (scratch)"],
-    "FLOPs used": lambda b, name, v: f"{v['flops_ratio_total']:.2f}x",
-    "to reach scratch: FLOPs / s saved": lambda b, name, v: (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}"
-                                                             if v["reached"] else "not reached"),
-    "frontier: FLOPs / s saved":
-        lambda b, name, v: (f"{pct(v['frontier_flops_saving'])}{spread(v, 'frontier_flops_saving')} / "
-                            f"{pct(v['frontier_seconds_saving'])}{spread(v, 'frontier_seconds_saving')}"),
-    "Δloss at equal FLOPs": saving.COLUMNS["loss diff at equal FLOPs"],
-}
-
-
-# Row names of the README's methods tables.
-METHOD_NAMES = {"depth_zero": "V-cycle default (`depth_zero`)", "reference": "V-cycle, reference protocol",
-                "gstack": "G_stack, g=4 (a 1-layer small model)", "gstack_g2": "G_stack, g=2",
-                "stackbert": "StackBERT (1 -> 2 -> 4 layers)", "mslt": "MSLT (4 growth stages + a full stage)",
-                "ligo": "LiGO (20 operator steps)", "msg": "MSG (FFN, layers, heads ramps)",
-                "core": "CoRe (relaxed, then full)"}
-
-
-def methods_table(d: dict) -> str:
-  """Markdown: one row per variant, one column per budget that ran variants. A cell is final eval loss / FLOPs
-  used relative to scratch at that T / FLOPs saved on the scratch frontier / seconds saved on it; outside the
-  frontier's range it says which side (and, below it, the FLOPs saved to reach scratch's loss on the curve)."""
-  bs = [b for b in d["budgets"] if b["variants"]]
-  front = [p["final_eval_loss"] for p in frontier_points(d)]
-  lowest, highest = min(front), max(front)
-  head = f"method (mean of seeds {', '.join(map(str, d['seeds']))}; [min, max])" if d.get("seeds") else "method"
-  rows = [f"| {head} | " + " | ".join(f"T={b['steps']} ({b['tokens_per_param']:.1f} tok/param; scratch "
-                                      f"{b['scratch']['final_eval_loss']:.3f})" for b in bs) + " |",
-          "|---" * (1 + len(bs)) + "|"]
-  names = [n for n in METHOD_NAMES if any(n in b["variants"] for b in bs)]
-  names += sorted({n for b in bs for n in b["variants"]} - set(names))
-  for n in names:
-    cells = []
-    for b in bs:
-      v = b["variants"].get(n)
-      if v is None:
-        cells.append("")
-        continue
-      head = f"{v['final_eval_loss']:.3f} / {v['flops_ratio_total']:.2f}x"
-      fs, ss = v["frontier_flops_saving"], v["frontier_seconds_saving"]
-      env = ""
-      if "envelope_flops_saving" in v:
-        es = v["envelope_flops_saving"]
-        env = " / envelope: " + ("n/a" if es is None else f"{'<= ' if v['envelope_at_most'] else ''}{pct(es)}"
-                                 f"{'' if v['envelope_model'] == 'target' else ' (' + v['envelope_model'] + ')'}")
-      if fs is not None:
-        bold = "**" if fs > 0 else ""
-        cells.append(f"{head} / {bold}{pct(fs)}{bold}{spread(v, 'frontier_flops_saving')} / {pct(ss)}"
-                     f"{spread(v, 'frontier_seconds_saving')}{env}")
-      elif v["final_eval_loss"] > highest:
-        cells.append(f"{head} / worse than every scratch point")
-      elif v["final_eval_loss"] < lowest:
-        reach = f" (to reach scratch: {pct(v['flops_saving'])})" if v.get("reached") else ""
-        cells.append(f"{head} / below the frontier{reach}")
-      else:
-        cells.append(f"{head} / n/a")
-    rows.append(f"| {METHOD_NAMES.get(n, n)} | " + " | ".join(cells) + " |")
-  return "\n".join(rows)
-
-
-def plot(d, path, workroot):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from multilevel.metrics import read_metrics
-  fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
-  variants = sorted({n for b in d["budgets"] for n in b["variants"]})
-  for name in variants:
-    xs = [(b["tokens_per_param"], b["variants"][name]["frontier_flops_saving"]) for b in d["budgets"]
-          if name in b["variants"] and b["variants"][name]["frontier_flops_saving"] is not None]
-    if xs:
-      ax[0].plot(*zip(*xs), marker="o", label=name)
-  ax[0].axhline(0, color="k", lw=0.8)
-  ax[0].set_xscale("log")
-  ax[0].set_xlabel("budget (tokens per parameter)")
-  ax[0].set_ylabel("FLOPs saved vs scratch frontier")
-  ax[0].legend()
-  roots = [workroot] if isinstance(workroot, str) else list(workroot or [])
-  if roots:
-    fam = d["family"]
-    for b in d["budgets"]:
-      for name in ["scratch"] + list(b["variants"]):
-        found = [os.path.join(r, f"{fam}-{b['steps']}-{name}") for r in roots]
-        found = [w for w in found if os.path.exists(os.path.join(w, "metrics.jsonl"))]
-        if not found:
-          continue
-        w = found[0]
-        pts = saving.curve(read_metrics(w))
-        if pts:
-          f, s, l = zip(*pts)
-          style = "-" if name == "scratch" else "--"
-          ax[1].plot(f, l, style, label=f"{name} T={b['steps']}")
-          ax[2].plot(s, l, style, label=f"{name} T={b['steps']}")
-  _plot_frontier(ax[1], d)
-  for a, lab in ((ax[1], "training FLOPs"), (ax[2], "training seconds")):
-    a.set_xlabel(lab)
-    a.set_ylabel("eval loss (target model)")
-    a.set_xscale("log")
-    if a.get_legend_handles_labels()[0]:
-      a.legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-
-
-def _plot_frontier(ax, d) -> None:
-  """The scratch frontier's points (final losses against FLOPs) and, with ``--fit``, the fitted E + A F^-a over the
-  points it was fitted to; the variants' final losses beside them."""
-  import numpy as np
-  pts = frontier_points(d)
-  if not pts:
-    return
-  ax.plot([p["total_flops"] for p in pts], [p["final_eval_loss"] for p in pts], "ko", label="scratch frontier")
-  fit = d.get("frontier_fit")
-  if fit:
-    used = [p["total_flops"] for p in pts if p["steps"] >= fit.get("min_steps", 0)]
-    f = np.geomspace(min(used), max(used), 100)
-    e, a_, k = fit["flops"]["E"], fit["flops"]["A"], fit["flops"]["a"]
-    ax.plot(f, e + a_ * f ** -k, "k-", lw=1.2,
-            label=f"fit {e:.2f} + {a_:.3g} F^-{k:.3f} (rms {fit['flops']['rms']:.3f})")
-  finals = [(v["total_flops"], v["final_eval_loss"]) for b in d["budgets"] for v in b["variants"].values()]
-  if finals:
-    ax.plot(*zip(*finals), "kx", ms=6, label="variants' final losses")
 
 
 def main(argv):

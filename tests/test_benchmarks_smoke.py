@@ -81,7 +81,7 @@ def test_throughput_script_tiny(tmp_path):
 
 
 def test_the_frontier_fit_recovers_a_power_law_and_reads_costs_off_it():
-  from benchmarks.analyze_saving import fit_frontier, fitted_cost
+  from benchmarks.frontiers import fit_frontier, fitted_cost
   true = {"E": 2.5, "A": 40.0, "a": 0.3}
   pts = [(c, true["E"] + true["A"] * c ** -true["a"]) for c in (1e9, 3e9, 1e10, 3e10, 1e11)]
   fit = fit_frontier(pts)
@@ -118,7 +118,7 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
   # Frontier: 1e9 -> 5.5, 2e9 -> 5.0 (the first file's scratch, once), 4e9 -> 4.5. y at 5.2 sits 60% of the way
   # from 2e9 down to 1e9 in loss, i.e. at 2^0.6 * 1e9 FLOPs on the log-FLOPs chord.
   assert mid["variants"]["y"]["frontier_flops_saving"] == pytest.approx(1 - 1.2 / 2 ** 0.6)
-  from benchmarks.analyze_saving import methods_table
+  from benchmarks.report import methods_table
   table = methods_table(d).splitlines()
   assert len(table) == 5
   assert table[0] == "| method | T=200 (2.0 tok/param; scratch 5.000) | T=400 (4.0 tok/param; scratch 4.500) |"
@@ -140,7 +140,8 @@ def test_merging_results_joins_variants_of_one_budget_and_refuses_mismatched_scr
 
 
 def test_results_of_several_seeds_are_read_each_on_its_own_frontier_and_averaged(tmp_path):
-  from benchmarks.analyze_saving import merge, methods_table
+  from benchmarks.analyze_saving import merge
+  from benchmarks.report import methods_table
 
   def write(name, seed, loss_at_200, variant_loss):
     budgets = [{"steps": steps, "tokens_per_param": steps / 100,
@@ -183,7 +184,8 @@ def test_results_of_several_seeds_are_read_each_on_its_own_frontier_and_averaged
 
 
 def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
-  from benchmarks.analyze_saving import merge, methods_table
+  from benchmarks.analyze_saving import merge
+  from benchmarks.report import methods_table
 
   def write(name, scratch, variants=None, seed=None):
     budgets = [{"steps": steps, "tokens_per_param": steps / 100,
@@ -225,7 +227,7 @@ def test_a_frontier_from_other_files_replaces_the_files_own_scratch(tmp_path):
   assert tight["budgets"][3]["variants"]["x"]["frontier_read"] == "fit"
   with pytest.raises(ValueError, match="keeps 3 of the 5 scratch budgets"):
     merge([lawful], fit=True, fit_min_steps=400)
-  from benchmarks.analyze_saving import plot
+  from benchmarks.report import plot
   plot(tight, str(tmp_path / "fit.png"), [])  # The frontier's points, the fitted law and the variants' finals.
   assert (tmp_path / "fit.png").stat().st_size > 10_000
   # A loss above every fitted point is read on the chord of all points, not on the law extrapolated below them:
@@ -264,7 +266,8 @@ def test_a_swept_frontier_keeps_the_best_run_at_each_budget(tmp_path):
 
 
 def test_savings_are_also_read_against_the_best_single_model(tmp_path):
-  from benchmarks.analyze_saving import merge, methods_table
+  from benchmarks.analyze_saving import merge
+  from benchmarks.report import methods_table
   scratch = [(100, 5.2), (200, 4.8), (400, 4.5)]  # FLOPs = steps * 1e7.
   budgets = [{"steps": st, "tokens_per_param": st / 100, "variants": {},
               "scratch": {"final_eval_loss": l, "total_flops": st * 1e7, "train_seconds": st / 100}}
