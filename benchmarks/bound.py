@@ -34,7 +34,9 @@ import os
 from absl import app, flags, logging
 
 from benchmarks import cli, saving
-from multilevel.cycles.planner import Frontier, bound_at, candidate_from_runs, ideal_cost, model_overrides  # noqa: F401
+from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost  # noqa: F401
+from multilevel.cycles.growth import eval_curve
+from multilevel.cycles.planner import candidate_from_runs, model_overrides
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -93,10 +95,12 @@ def run_level(a) -> dict:
       cfg = saving.make_config(a.family, steps, {**model, "cycle.levels": 1, "train.lr": base_lr * scale}, extra,
                                a.evals)
       workdir = os.path.join(a.workroot, f"{a.family}-L{a.level}-lr{scale:g}-{steps}")
-      s = saving.train(cfg, workdir)["summary"]
+      result = saving.train(cfg, workdir)
+      s = result["summary"]
       out["runs"].append({"steps": steps, "lr_scale": scale, "total_flops": s["total_flops"],
                           "final_eval_loss": s["final_eval_loss"], "train_seconds": s["train_seconds"],
-                          "epochs": s.get("epochs")})
+                          "epochs": s.get("epochs"),
+                          "curve": eval_curve(result["records"])})  # Its stable part prices WSD plans.
       logging.info("level %d lr x%g T=%d: loss %.4f, %.3g FLOPs", a.level, scale, steps, s["final_eval_loss"],
                    s["total_flops"])
       if a.out:

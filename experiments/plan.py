@@ -12,6 +12,11 @@ model, then a depth- or width-only one) and the hand-overs that the lossless bou
 lengths that realise them. The pilots' FLOPs are reported beside the predicted saving: for one run
 they are a real cost; reused across runs of the same model and data they are paid once.
 
+Under ``train.decay='wsd'`` (one warm-up-stable-decay schedule across the levels) the smaller stages hand over at
+their peak rate, not decayed, and a grown model may learn slower than its scratch run: the plan is then priced on the
+pilots' stable curves (their evals before the cool-down) with the growth rates of --growth_rates or
+--growth_rates_from (``multilevel.cycles.growth``); --pricing=bound keeps the lossless bound on decayed frontiers.
+
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
 """
 
@@ -48,6 +53,15 @@ _JUMP_FROM = flags.DEFINE_list("handover_jump_from", [], "Instead of --handover_
 _MAX_LEVELS = flags.DEFINE_integer("max_levels", 3, "Most levels a plan may have: 3 also prices chains through a "
                                    "one-axis candidate (the halved model, then depth or width only, then the target); "
                                    "2 keeps to one hand-over.")
+_PRICING = flags.DEFINE_enum("pricing", "auto", ["auto", "bound", "wsd"], "How hand-overs are priced: 'bound' on "
+                             "the decayed frontiers (lossless, a bound), 'wsd' on the stable curves with growth "
+                             "rates (for train.decay='wsd'), 'auto' = wsd when train.decay is 'wsd'.")
+_RATES = flags.DEFINE_list("growth_rates", [], "GROWTH=RATE for depth, width, both: how fast the target learns after "
+                           "growing in that way, as a fraction of its scratch run's pace (default 1, the bound's "
+                           "assumption). benchmarks/results/growth_rates_*.json has measured ones.")
+_RATES_FROM = flags.DEFINE_list("growth_rates_from", [], "GROWTH=WORKDIR: measure the rate from an earlier V-cycle run "
+                                "of this config that grew that way (its target's progress on the target's stable "
+                                "curve per FLOP, from its growth to its cool-down).")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
@@ -83,12 +97,12 @@ def small_model(spec: str, sets: dict, cycle: dict) -> dict:
   return planner.model_overrides(target, build_plan(target, c.cycle, c.train).levels[1])
 
 
-def pilot(spec: str, sets: dict, overrides: dict, steps: int, workdir: str) -> dict:
-  """One fully decayed scratch run. A finished one in ``workdir`` is read back by the driver (which refuses it if
-  its config differs), not trained again."""
+def pilot(spec: str, sets: dict, overrides: dict, steps: int, workdir: str, evals: int = 4) -> dict:
+  """One fully decayed scratch run, evaluated ``evals`` times. A finished one in ``workdir`` is read back by the
+  driver (which refuses it if its config differs), not trained again."""
   from multilevel.cycles.driver import train_and_evaluate
   c = configured(spec, sets, {**overrides, "cycle.levels": 1, "train.steps": steps,
-                              "train.eval_every": max(1, steps // 4), "progress": False, "tensorboard": False})
+                              "train.eval_every": max(1, steps // evals), "progress": False, "tensorboard": False})
   return train_and_evaluate(c, workdir)
 
 
@@ -113,17 +127,24 @@ def main(argv):
   small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0))
   base = configured(spec, sets, {})
   lr = float(base.train.lr)
+  wsd = _PRICING.value == "wsd" or (_PRICING.value == "auto" and base.train.decay == "wsd")
+  if wsd and base.train.decay != "wsd":
+    raise app.UsageError(f"--pricing=wsd prices a run under one WSD schedule; this config has train.decay="
+                         f"{base.train.decay!r}. Set train.decay=wsd or use --pricing=bound.")
 
   record = {"config": spec, "set": sets, "steps": steps, "pilots": []}
 
   def run(name, overrides, n, lr_scale=1.0):
+    from multilevel.cycles.growth import eval_curve
+    from multilevel.metrics import read_metrics
     d = os.path.join(work, "pilots", f"{name}-lr{lr_scale:g}-{n}")
-    s = pilot(spec, sets, {**overrides, "train.lr": lr * lr_scale}, n, d)
+    s = pilot(spec, sets, {**overrides, "train.lr": lr * lr_scale}, n, d, 20 if wsd else 4)
     record["pilots"].append({"model": name, "lr_scale": lr_scale, "steps": n, "total_flops": s["total_flops"],
-                             "final_eval_loss": s["final_eval_loss"]})
+                             "final_eval_loss": s["final_eval_loss"], "curve": eval_curve(read_metrics(d), 0)})
     logging.info("pilot %s lr x%g, %d steps: loss %.4f", name, lr_scale, n, s["final_eval_loss"])
     return s
 
+  target_curve = None
   if _TARGET_FROM.value:
     try:
       target, target_step, target_cost = planner.target_from_saving(_TARGET_FROM.value)
@@ -131,11 +152,12 @@ def main(argv):
       raise app.UsageError(f"--target_from: {e}") from None
   else:
     target_runs = [run("target", {}, n) for n in target_pilots]
+    target_curve = record["pilots"][-1]["curve"]  # The longest pilot's.
     target = planner.Frontier("target", tuple((s["total_flops"], s["final_eval_loss"]) for s in target_runs))
     target_step = target_runs[0]["total_flops"] / target_pilots[0]
     target_cost = sum(s["total_flops"] for s in target_runs)
   try:
-    candidates = [planner.candidate_from_bound(p, lr) for p in _SMALL_FROM.value]
+    candidates = [planner.candidate_from_bound(p, lr, wsd) for p in _SMALL_FROM.value]
   except (ValueError, OSError) as e:
     raise app.UsageError(f"--small_from: {e}") from None
   for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):
@@ -148,8 +170,11 @@ def main(argv):
     for scale in [float(x) for x in _LR_SCALES.value]:
       for n in small_pilots:
         run(name, model, n, scale)
-    candidates.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], cycle,
-                                                  model))
+    try:
+      candidates.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], cycle,
+                                                    model, wsd))
+    except ValueError as e:
+      raise app.UsageError(f"candidate {name}: {e}") from None
   jump = measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
   if not jump >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {jump}.")
@@ -158,7 +183,12 @@ def main(argv):
   from multilevel.cycles.run_config import model_config
   target_model = model_config(base, None)
   shape = (target_model.num_layers, target_model.num_heads) if _MAX_LEVELS.value == 3 else None
-  plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape)
+  settings = wsd_settings(base, target_curve, record) if wsd else None
+  try:
+    plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape,
+                               wsd=settings)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   print(planner.describe(plan))
   record["plan"] = plan
   os.makedirs(work, exist_ok=True)
@@ -168,6 +198,53 @@ def main(argv):
   with open(config_path, "w") as f:
     f.write(config_file(spec, sets, plan))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
+
+
+def wsd_settings(base, target_curve, record: dict):
+  """The ``planner.Wsd`` of this config: the target's stable curve (its longest pilot's, or the longest scratch run
+  of --target_from) and the growth rates (--growth_rates, then --growth_rates_from), kept in ``record``."""
+  from multilevel.cycles import growth, planner
+  from multilevel.metrics import read_metrics
+  cool = float(base.train.cooldown_frac)
+  try:
+    if target_curve is None:
+      stable = planner.target_stable_from_saving(_TARGET_FROM.value, cool)
+    else:
+      stable = growth.stable_curve("target (stable)", target_curve)
+  except (ValueError, OSError) as e:
+    raise app.UsageError(f"the target's stable curve: {e}") from None
+  rates = {}
+  for kind, value in _pairs(_RATES.value, "--growth_rates"):
+    try:
+      rates[kind] = float(value)
+    except ValueError:
+      raise app.UsageError(f"--growth_rates: {kind}={value} is not a number.") from None
+  for kind, w in _pairs(_RATES_FROM.value, "--growth_rates_from"):
+    if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+      raise app.UsageError(f"--growth_rates_from={kind}={w}: no metrics.jsonl there (a run's workdir is expected).")
+    r = growth.rate_from_records(read_metrics(w), stable)
+    if r is None:
+      raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak rate "
+                           f"on the target's stable curve; is it a V-cycle run of this config?")
+    rates[kind] = r["rate"]
+    record.setdefault("growth_rates_measured", {})[kind] = dict(r, workdir=w)
+  try:
+    settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac))
+  except ValueError as e:
+    raise app.UsageError(f"--growth_rates: {e}") from None
+  record["wsd"] = {"target_stable": stable.points, "cooldown_frac": cool, "growth_rates": rates}
+  return settings
+
+
+def _pairs(items: list[str], flag: str) -> list[tuple[str, str]]:
+  from multilevel.cycles.planner import GROWTHS
+  out = []
+  for kv in items:
+    kind, eq, value = kv.partition("=")
+    if not eq or kind not in GROWTHS:
+      raise app.UsageError(f"{flag} takes GROWTH=VALUE with GROWTH one of {list(GROWTHS)}, got {kv!r}.")
+    out.append((kind, value))
+  return out
 
 
 def measured_jump(workdirs: list[str], record: dict) -> float:

@@ -1,16 +1,4 @@
-"""Schedules from measured frontiers: the lossless hand-over bound, and the V-cycle plan that aims at it.
-
-A model's *frontier* is the final eval loss of fully decayed scratch runs against their training FLOPs, one point per
-budget (``Frontier``; log-linear between budgets). With F_m(L) the FLOPs model m needs to reach loss L on its
-frontier, an ideal chain small -> ... -> target that hands over with no loss at all and then learns exactly as the
-next model's scratch run does from that loss costs, for two levels,
-
-  F_target(L_T) - max over L >= L_T of [F_target(L) - F_small(L)]
-
-(``ideal_cost`` solves any number of levels by the same recursion on a grid of losses). What that maximum is of
-F_target(L_T) is the *bound*: what a hand-over method saves if its grown model then learns only as fast as scratch.
-A method above it has a grown model that learns faster than scratch after the hand-over; at or below it, the fade of
-the saving with the budget is the physics of growth at that scale.
+"""The V-cycle plan: stage lengths from measured curves, aimed at the hand-over bound (``multilevel.cycles.frontier``).
 
 ``plan_vcycle`` turns the bound's hand-over into the V-cycle's stage lengths for a budget of ``steps`` target steps:
 the small model trains (fully decayed) for as many steps as its frontier needs to reach the switch loss, the target
@@ -19,6 +7,11 @@ does not interpolate with that step's snapshot (``w_pre = 0``). Its
 prediction is the bound's, so a measured run of the plan says how close a real hand-over comes to a lossless one
 (``benchmarks/bound.py`` measures both). The frontiers come from pilot runs (``experiments/plan.py`` runs and caches
 them); their FLOPs are a cost of the plan and are reported beside its saving, not hidden in it.
+
+Under one warm-up-stable-decay schedule (``train.decay='wsd'``) the smaller stages hand over at their peak rate, not
+decayed: give ``plan_vcycle`` a ``Wsd`` (the target's stable curve, each candidate's in ``Candidate.stable``, and
+the growth rates measured from runs) and it prices every hand-over on the stable curves instead
+(``multilevel.cycles.growth.wsd_cost``): a calibrated estimate rather than a bound.
 """
 
 from __future__ import annotations
@@ -28,126 +21,8 @@ import json
 import math
 from typing import Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class Frontier:
-  """A model's fully decayed scratch runs: ``points`` are (FLOPs, final eval loss), one per budget, kept as their
-  lower envelope (a longer run that ends higher than a shorter one is not on the frontier)."""
-
-  name: str
-  points: tuple[tuple[float, float], ...]
-
-  def __post_init__(self):
-    pts = tuple(sorted((float(f), float(l)) for f, l in self.points))
-    if len(pts) < 2:
-      raise ValueError(f"Frontier {self.name!r} needs at least two budgets (fully decayed scratch runs), got "
-                       f"{len(pts)}.")
-    if not all(math.isfinite(f) and f > 0 and math.isfinite(l) for f, l in pts):
-      raise ValueError(f"Frontier {self.name!r} has a non-finite or non-positive point: {pts}.")
-    env, best = [], math.inf
-    for f, l in pts:
-      if l < best:
-        env.append((f, l))
-        best = l
-    object.__setattr__(self, "points", tuple(env))
-
-  @property
-  def loss_range(self) -> tuple[float, float]:
-    """(lowest, highest) loss the frontier measures."""
-    return self.points[-1][1], self.points[0][1]
-
-  def cost(self, loss: float) -> float | None:
-    """FLOPs at which the frontier reaches ``loss`` (log-linear between budgets); None outside its range."""
-    lo, hi = self.loss_range
-    if not lo <= loss <= hi:
-      return None
-    if len(self.points) == 1:
-      return self.points[0][0]
-    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
-      if l1 <= loss <= l0:
-        w = (l0 - loss) / (l0 - l1)
-        return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
-    return None
-
-  def loss_at(self, flops: float) -> float | None:
-    """The frontier's loss at ``flops`` (linear in log FLOPs between budgets); None outside its range."""
-    (f_lo, _), (f_hi, _) = self.points[0], self.points[-1]
-    if not f_lo <= flops <= f_hi:
-      return None
-    if len(self.points) == 1:
-      return self.points[0][1]
-    for (f0, l0), (f1, l1) in zip(self.points, self.points[1:]):
-      if f0 <= flops <= f1:
-        w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
-        return l0 + w * (l1 - l0)
-    return None
-
-
-def ideal_cost(chain: Sequence[Frontier], target_loss: float, grid: int = 400, jump: float = 0.0) -> dict | None:
-  """The cheapest lossless hand-over chain ``chain[0] -> ... -> chain[-1]`` (smallest first, the target last) to
-  ``target_loss``; any model of the chain may be skipped. Returns ``{'flops', 'switch_losses'}`` (the loss at which
-  each model hands over, None for one skipped) or None when the target's frontier does not reach the loss.
-
-  On a grid of losses L from the highest any frontier measures down to ``target_loss``: best[k](L) is the cheapest
-  way to have model k at loss L, min(F_k(L), min over L' >= L and j < k of best[j](L') + F_k(L) - F_k(L' + jump)).
-
-  ``jump`` (nats, >= 0): the loss the grown model starts above the one it grew from (0 for a function-preserving
-  hand-over; measure it with ``handover_jumps``). A hand-over whose landing loss L' + jump lies above the bigger
-  model's measured range is not used."""
-  if not (jump >= 0 and math.isfinite(jump)):
-    raise ValueError(f"The hand-over jump must be a finite loss difference >= 0 (nats), got {jump}.")
-  if chain[-1].cost(target_loss) is None:
-    return None
-  top = max(f.loss_range[1] for f in chain)
-  losses = [top - (top - target_loss) * i / (grid - 1) for i in range(grid)]  # Descending, ends at target_loss.
-  inf = math.inf
-  costs = [[f.cost(l) for l in losses] for f in chain]
-  # Where a model lands when it takes over at grid loss L' (its own cost to reach L' + jump).
-  lands = costs if jump == 0 else [[f.cost(l + jump) for l in losses] for f in chain]
-  best = [[inf] * grid for _ in chain]
-  back: list[list[tuple | None]] = [[None] * grid for _ in chain]
-  for k in range(len(chain)):
-    run_min, arg = [inf] * len(chain), [None] * len(chain)  # min over L' >= L of best[j](L') - F_k(L'), per j.
-    for i in range(grid):
-      ck, lk = costs[k][i], lands[k][i]
-      for j in range(k):
-        if best[j][i] < inf and lk is not None and best[j][i] - lk < run_min[j]:
-          run_min[j], arg[j] = best[j][i] - lk, i
-      if ck is None:
-        continue
-      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
-      for j in range(k):
-        if run_min[j] < inf and run_min[j] + ck < best[k][i]:
-          best[k][i], back[k][i] = run_min[j] + ck, (j, arg[j])
-  k, i = len(chain) - 1, grid - 1
-  flops = best[k][i]
-  switches: list[float | None] = [None] * (len(chain) - 1)
-  while back[k][i] is not None:
-    j, i = back[k][i]
-    switches[j] = losses[i]
-    k = j
-  return {"flops": flops, "switch_losses": switches}
-
-
-def bound_at(chain: Sequence[Frontier], target_loss: float, grid: int = 400, jump: float = 0.0) -> dict | None:
-  """The bound's saving at ``target_loss``, where it hands over (loss and the handing model's FLOPs), and the
-  envelope: the best *single* model of the chain at that loss (a smaller model trained longer). With ``jump`` > 0
-  the hand-over loses that much loss (see ``ideal_cost``): no longer a bound, a calibrated estimate."""
-  full = chain[-1].cost(target_loss)
-  ideal = ideal_cost(chain, target_loss, grid, jump)
-  if full is None or ideal is None:
-    return None
-  singles = [(f.cost(target_loss), f.name) for f in chain]
-  best_single = min((c, n) for c, n in singles if c is not None)
-  # A smaller model whose shortest measured run already ends below the loss reaches it for less than that run:
-  # the envelope is at least this (and the bound above, which only hands over inside measured ranges, is too low).
-  below = [(f.points[0][0], f.name) for f in chain[:-1] if f.loss_range[1] < target_loss]
-  at_least = {n: 1 - c / full for c, n in below if c < full}
-  return {"target_loss": target_loss, "target_flops": full, "ideal_flops": ideal["flops"],
-          "envelope_at_least": at_least,
-          "bound_saving": 1 - ideal["flops"] / full, "switch_losses": ideal["switch_losses"],
-          "switch_flops": [None if l is None else f.cost(l) for f, l in zip(chain, ideal["switch_losses"])],
-          "envelope_model": best_single[1], "envelope_saving": 1 - best_single[0] / full}
+from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost  # noqa: F401  (the planner's public names)
+from multilevel.cycles.growth import handover_jumps, mean_jump  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------------ the V-cycle plan
@@ -172,22 +47,64 @@ class Candidate:
   cycle: dict = dataclasses.field(default_factory=dict)
   pilot_flops: float = 0.0
   model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
+  stable: Frontier | None = None  # Its stable curve at ``lr_scale`` (a WSD pilot before its cool-down), for ``Wsd``.
+
+  @property
+  def growth(self) -> str:
+    """The axes the target grows in from this model: 'depth' (it halves depth only), 'width' or 'both'."""
+    if int(self.cycle.get("cycle.width_factor", 2)) == 1:
+      return "depth"
+    return "width" if int(self.cycle.get("cycle.depth_factor", 2)) == 1 else "both"
+
+
+GROWTHS = ("depth", "width", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class Wsd:
+  """Plan for one WSD schedule spanning every level: ``target`` is the target's stable curve (the un-decayed part of
+  a scratch run at the planned ``train.lr``), ``cooldown_frac`` the schedule's cool-down (``train.cooldown_frac``),
+  ``rates`` how fast a model learns after growing in each of ``GROWTHS`` (missing: 1, the bound's assumption;
+  ``growth.rate_from_records`` measures one), ``transition_warmup_frac`` the warm-up at the start of each grown
+  stage (``cycle.transition_warmup_frac``: the target's stage holds it and the whole cool-down)."""
+
+  target: Frontier
+  cooldown_frac: float = 0.2
+  rates: dict = dataclasses.field(default_factory=dict)
+  transition_warmup_frac: float = 0.05
+
+  def __post_init__(self):
+    bad = {k: v for k, v in self.rates.items() if k not in GROWTHS or not (math.isfinite(v) and v > 0)}
+    if bad:
+      raise ValueError(f"Growth rates {bad}: name one of {GROWTHS}, each a finite positive fraction of scratch's "
+                       f"pace (1 = as fast as scratch).")
+    if not 0 < self.cooldown_frac < 1:
+      raise ValueError(f"cooldown_frac must be in (0, 1), got {self.cooldown_frac}.")
+
+  def rate(self, growth: str) -> float:
+    return float(self.rates.get(growth, 1.0))
 
 
 def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = None,
-                        model: dict | None = None) -> Candidate:
+                        model: dict | None = None, stable: bool = False) -> Candidate:
   """A candidate from its fully decayed runs (``steps``, ``lr_scale``, ``total_flops``, ``final_eval_loss`` each):
   the best learning rate at each budget is its frontier, the one that won at the longest budget its rate (the small
-  stage is about that long or shorter), and every run counts as pilot cost."""
+  stage is about that long or shorter), and every run counts as pilot cost. With ``stable``, runs with a ``curve``
+  (``[FLOPs, eval loss, learning rate]`` rows of a WSD run) give the stable curve: the longest one's at that rate."""
   best: dict[int, tuple] = {}
   for r in runs:
     if r["steps"] not in best or r["final_eval_loss"] < best[r["steps"]][1]:
       best[r["steps"]] = (r["total_flops"], r["final_eval_loss"], r["lr_scale"])
   if len(best) < 2:
     raise ValueError(f"Candidate {name!r} needs fully decayed runs at two budgets or more, got {sorted(best)}.")
-  n = min(best)
-  return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n,
-                   best[max(best)][2], dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}))
+  n, rate = min(best), best[max(best)][2]
+  curved = [r for r in runs if r.get("curve") and r["lr_scale"] == rate] if stable else []
+  stable = None
+  if curved:
+    from multilevel.cycles.growth import stable_curve
+    stable = stable_curve(f"{name} (stable)", max(curved, key=lambda r: r["steps"])["curve"])
+  return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n, rate,
+                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable)
 
 
 def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
@@ -203,7 +120,21 @@ def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
   return Frontier("target", pts), budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"], sum(f for f, _ in pts)
 
 
-def candidate_from_bound(path: str, base_lr: float | None = None) -> Candidate:
+def target_stable_from_saving(paths: Sequence[str], cooldown_frac: float) -> Frontier:
+  """The target's stable curve from the longest WSD scratch run in ``benchmarks.saving`` results files (its curve
+  before the cool-down, the last ``cooldown_frac`` of it)."""
+  from multilevel.cycles.growth import stable_from_scratch_curve
+  budgets = []
+  for p in paths:
+    with open(p) as f:
+      budgets += [b for b in json.load(f)["budgets"] if b.get("scratch_curve")]
+  if not budgets:
+    raise ValueError(f"no scratch curve in {list(paths)}: run benchmarks.saving (it writes one per budget).")
+  b = max(budgets, key=lambda b: b["steps"])
+  return stable_from_scratch_curve("target (stable)", b["scratch_curve"], b["scratch"]["total_flops"], cooldown_frac)
+
+
+def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool = False) -> Candidate:
   """A candidate from a ``benchmarks.bound`` level-run file (its runs at each budget and learning rate; its
   ``cycle.*`` settings name it and make the V-cycle's small level this model). ``'a.json+b.json'`` pools one model's
   files (e.g. run with different base rates). Each run's ``lr_scale`` is relative to its file's ``base_lr``; the
@@ -220,7 +151,7 @@ def candidate_from_bound(path: str, base_lr: float | None = None) -> Candidate:
   cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
   try:
-    return candidate_from_runs(name, runs, cycle, d.get("model", {}))
+    return candidate_from_runs(name, runs, cycle, d.get("model", {}), stable)
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
 
@@ -265,9 +196,43 @@ def _chain_row(small: Candidate, mid: Candidate, target: Frontier, target_step_f
               saving=1 - flops / (steps * target_step_flops))
 
 
+def _wsd_rows(wsd: Wsd, candidates: Sequence[Candidate], target_step_flops: float, steps: int, min_big: int,
+              jump: float, chains: bool) -> list[tuple]:
+  """(candidate or (small, mid), row) for every 2-level candidate and, with ``chains``, every 3-level chain, priced
+  under one WSD schedule (``growth.wsd_cost``)."""
+  from multilevel.cycles.growth import wsd_cost
+  missing = [c.name for c in candidates if c.stable is None]
+  if missing:
+    raise ValueError(f"Planning under train.decay='wsd' reads each candidate's stable curve (its loss before the "
+                     f"cool-down), and {missing} have none: give level runs with curves (benchmarks.bound writes "
+                     f"them) or pilots that evaluate often.")
+  out = []
+  price = lambda lower, rates, growth: wsd_cost([c.stable for c in lower], [c.step_flops for c in lower], rates,
+                                                wsd.target, target_step_flops, steps, wsd.cooldown_frac,
+                                                wsd.rate(growth), jump, min_big)
+  for c in candidates:
+    r = price([c], [1.0], c.growth)
+    row = {"candidate": c.name, "pricing": "wsd", "growth_rate": wsd.rate(c.growth)}
+    if r is not None:
+      row.update(switch_loss=r["switch_losses"][0], small_steps=r["steps"][0], big_steps=r["big_steps"],
+                 flops=r["flops"], saving=r["saving"])
+    out.append((c, row))
+  for small in [c for c in candidates if not _one_axis(c)] if chains else []:
+    for mid in [c for c in candidates if _one_axis(c)]:
+      into_mid = "width" if mid.growth == "depth" else "depth"  # The axis the small model halves beyond the mid's.
+      r = price([small, mid], [1.0, wsd.rate(into_mid)], mid.growth)
+      row = {"candidate": f"{small.name} > {mid.name}", "chain": (small.name, mid.name), "pricing": "wsd",
+             "growth_rates": [wsd.rate(into_mid), wsd.rate(mid.growth)]}
+      if r is not None and None not in r["switch_losses"]:
+        row.update(switch_loss=r["switch_losses"][1], switch_losses=r["switch_losses"], small_steps=r["steps"][0],
+                   mid_steps=r["steps"][1], big_steps=r["big_steps"], flops=r["flops"], saving=r["saving"])
+      out.append(((small, mid), row))
+  return out
+
+
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
                 target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0,
-                shape: tuple[int, int] | None = None) -> dict:
+                shape: tuple[int, int] | None = None, wsd: Wsd | None = None) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
   measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything. The
   target trains at least ``min_big_frac`` of the steps after growing, even where the bound would hand over at the
@@ -285,7 +250,11 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   ``shape``: the target's (layers, heads). With it, the plan also prices 3-level chains: the halved candidate (both
   axes) at the bottom, a one-axis candidate (depth or width only) in the middle (``chain_overrides``), each model
   trained between the losses the chain's bound hands over at; the number of levels is then the planner's choice
-  (1 = scratch, 2 or 3)."""
+  (1 = scratch, 2 or 3).
+
+  ``wsd``: the run uses one WSD schedule across its levels (``Wsd``): every hand-over is priced on the stable curves
+  with the measured growth rates (``growth.wsd_cost``), the target's stage holds its warm-up and the whole
+  cool-down, and the prediction is that the run ends at scratch's loss for the predicted FLOPs."""
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -300,7 +269,14 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   target_loss = target.loss_range[0] if beyond else target.loss_at(budget)
   pilots = target_pilot_flops + sum(c.pilot_flops for c in candidates)
   rows, best = [], None
-  for c in candidates:
+  if wsd is not None:
+    cool = max(1, round(wsd.cooldown_frac * steps))
+    min_big = max(round(min_big_frac * steps), math.ceil(cool / (1 - wsd.transition_warmup_frac)), 1)
+    for c, row in _wsd_rows(wsd, candidates, target_step_flops, steps, min_big, jump, shape is not None):
+      rows.append(row)
+      if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
+        best = (c, row)
+  for c in candidates if wsd is None else []:
     b = bound_at([c.frontier, target], target_loss, jump=jump)
     row = {"candidate": c.name, "bound": b}
     if b is not None and b["switch_losses"][0] is not None:
@@ -312,7 +288,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
       if best is None or row["saving"] > best[1]["saving"]:
         best = (c, row)
     rows.append(row)
-  if shape is not None:
+  if shape is not None and wsd is None:
     for small in [c for c in candidates if not _one_axis(c)]:
       for mid in [c for c in candidates if _one_axis(c)]:
         row = _chain_row(small, mid, target, target_step_flops, steps, target_loss, min_big_frac, jump)
@@ -321,13 +297,19 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           best = ((small, mid), row)
   smaller = _smaller_model_alone(candidates, target_loss, budget)
   base = {"train.steps": steps}
-  scope = {"handover_jump": jump, "budget_beyond_pilots": beyond, "target_loss_is": "the target pilots' lowest (the budget is past them)"
+  scope = {"handover_jump": jump, "budget_beyond_pilots": beyond,
+           "pricing": "lossless bound on decayed frontiers" if wsd is None else
+           f"WSD: stable curves, cool-down {wsd.cooldown_frac:g}, growth rates "
+           f"{ {g: wsd.rate(g) for g in GROWTHS} }", "target_loss_is": "the target pilots' lowest (the budget is past them)"
            if beyond else "scratch's at the budget, on the target's frontier"}
   if best is None or best[1]["saving"] <= 0:
     # A candidate whose every measured loss lies below the lowest the search reaches never overlaps the target's
     # frontier: no hand-over can be priced, which says nothing about whether one pays. Say what to measure.
-    below = [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
-    why = ("no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
+    below = [] if wsd is not None else [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
+    why = ("under WSD no candidate hands over for less: either no candidate's stable curve is cheaper than the "
+           "target's at a loss the target's stable curve measures before scratch's cool-down, or the growth rates "
+           "take back what it saves" if wsd is not None else
+           "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
            f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches (down to "
            f"{target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses (longer "
            f"--target_pilots, up to the budget of {steps} steps) or the candidates to higher ones (shorter "
@@ -338,7 +320,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
             "no_overlap": below}
   c, row = best
   if isinstance(c, tuple):
-    return _chain_plan(c, row, shape, base, steps, budget, scope, pilots, rows, smaller)
+    return _chain_plan(c, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss)
   # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
   # would throw away part of what the small model learned (the plan assumes a lossless hand-over). Split noise then
   # breaks the grown copies' symmetry without changing the function (without it they stay copies for ever).
@@ -353,7 +335,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           "smaller_model_alone": smaller}
 
 
-def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, smaller) -> dict:
+def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss) -> dict:
   """The 3-level plan of a winning chain row (see ``plan_vcycle``)."""
   small, mid = chain
   overrides = {**base, "cycle.split_noise": SPLIT_NOISE, **chain_overrides(mid, *shape), "cycle.method": "vcycle",
@@ -362,7 +344,7 @@ def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, sma
                "cycle.up_fracs": (row["big_steps"] / steps, row["mid_steps"] / steps),
                "cycle.lr_scales": (1.0, mid.lr_scale, small.lr_scale)}
   return {"method": f"3-level vcycle from {small.name} through {mid.name}", "overrides": overrides, **scope,
-          "target_loss": row["bound"]["target_loss"], "predicted_flops": row["flops"],
+          "target_loss": target_loss, "predicted_flops": row["flops"],
           "predicted_saving": row["saving"], "pilot_flops": pilots,
           "net_saving": 1 - (row["flops"] + pilots) / budget,
           "switch_loss": row["switch_loss"], "switch_losses": row["switch_losses"], "small_steps": row["small_steps"],
@@ -385,32 +367,6 @@ def _smaller_model_alone(candidates: Sequence[Candidate], target_loss: float, bu
                     "lr_scale": c.lr_scale,  # Of the target's train.lr.
                     "overrides": {**c.model, "cycle.levels": 1, "train.steps": steps}})
   return max(alone, key=lambda a: a["saving"]) if alone else None
-
-
-def handover_jumps(records: Sequence[dict]) -> list[dict]:
-  """The loss each growth cost in a run's metrics records (``multilevel.metrics.read_metrics``): for every stage
-  entered at a larger model (a lower level), the eval loss at the end of the stage before and the last eval logged
-  at the new stage's first step (after growing, and after any interpolation). Returns ``[{'step', 'before',
-  'after', 'jump'}]`` in step order; empty when the run never grew or did not evaluate around its transitions."""
-  ends = {r["stage"]: r for r in records if r.get("event") == "end_of_stage" and "eval_loss" in r}
-  after: dict[int, dict] = {}
-  for r in records:
-    if str(r.get("event", "")).startswith("after_") and "eval_loss" in r:
-      after[r["stage"]] = r  # The last one logged for the stage: the model it trains from.
-  out = []
-  for stage, a in sorted(after.items()):
-    b = ends.get(stage - 1)
-    if b is not None and a["level"] < b["level"]:
-      out.append({"step": a["step"], "before": b["eval_loss"], "after": a["eval_loss"],
-                  "jump": a["eval_loss"] - b["eval_loss"]})
-  return out
-
-
-def mean_jump(jumps: Sequence[dict]) -> float:
-  """The mean ``jump`` of ``handover_jumps`` entries (of one run or several)."""
-  if not jumps:
-    raise ValueError("no growth with an eval on both sides of it: is it a V-cycle run?")
-  return sum(j["jump"] for j in jumps) / len(jumps)
 
 
 def predict_vcycle(target: Frontier, target_step_flops: float, small: Frontier, small_step_flops: float,
@@ -438,6 +394,8 @@ def describe(plan: dict) -> str:
   where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
            else "scratch's loss at this budget")
   lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]
+  if plan.get("pricing", "").startswith("WSD"):
+    lines.append(f"  priced under one WSD schedule ({plan['pricing']}): the run should end at scratch's loss")
   if plan.get("handover_jump"):
     lines.append(f"  each hand-over assumed to cost {plan['handover_jump']:.4f} nats (a measured jump), not lossless")
   for r in plan["candidates"]:

@@ -1,0 +1,199 @@
+"""Growth measured from runs and the V-cycle priced under one WSD schedule (multilevel/cycles/growth.py), and the
+planner's WSD plans (planner.Wsd, experiments.plan --pricing)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from multilevel.cycles import growth, planner
+from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost
+from multilevel.cycles.planner import Candidate
+
+from engine_util import ROOT
+
+
+def loglinear(name, l_hi, l_lo, f_at_hi, per_nat, n=9):
+  pts = [(f_at_hi * math.exp(per_nat * i * (l_hi - l_lo) / (n - 1)), l_hi - (l_hi - l_lo) * i / (n - 1))
+         for i in range(n)]
+  return Frontier(name, tuple(pts))
+
+
+STEP = 1e9
+# The target's stable curve: 100 steps reach 6.0, ~40000 steps reach 3.0 (log-linear, 2 nats^-1).
+STABLE = loglinear("target stable", 6.0, 3.0, 100 * STEP, 2.0)
+# Its decayed frontier: the cool-down takes 0.3 nats off wherever it starts.
+DECAYED = Frontier("target", tuple((f, l - 0.3) for f, l in STABLE.points))
+# The small model at peak rate: a quarter of the target's cost at 6.0, its step a quarter; its cost grows faster as the
+# loss falls (2.6 per nat), so it stops paying below about 4.1 (where the target's curve falls 2.6/2 as fast per FLOP).
+SMALL = loglinear("small stable", 6.0, 3.5, 25 * STEP, 2.6)
+
+
+def brute_force(steps, rate, jump=0.0, cool_frac=0.2, min_big=1, grid=4000):
+  """The cheapest 2-level WSD schedule by enumerating hand-over losses, written out independently of wsd_cost."""
+  cool = round(cool_frac * steps)
+  knee = (steps - cool) * STEP
+  best = None
+  hi, lo = SMALL.loss_range[1], SMALL.loss_range[0]
+  edge = STABLE.loss_at(knee) - jump  # Lands exactly at scratch's cool-down.
+  for loss in [hi - (hi - lo) * i / (grid - 1) for i in range(grid)] + [edge]:
+    land = STABLE.cost(loss + jump)
+    if land is None or land > knee * (1 + 1e-9):
+      continue
+    big = max(min_big, math.ceil(cool + max(0.0, knee - land) / (rate * STEP) - 1e-9))
+    flops = round(SMALL.cost(loss) / (STEP / 4)) * STEP / 4 + (1 + big) * STEP
+    if best is None or flops < best[0]:
+      best = (flops, loss, big)
+  return best
+
+
+@pytest.mark.parametrize("rate,jump", [(1.0, 0.0), (0.5, 0.0), (1.0, 0.1)])
+def test_the_wsd_price_is_the_cheapest_hand_over_on_the_stable_curves(rate, jump):
+  steps = 8000
+  r = growth.wsd_cost([SMALL], [STEP / 4], [1.0], STABLE, STEP, steps, 0.2, target_rate=rate, jump=jump)
+  flops, loss, big = brute_force(steps, rate, jump)
+  assert r["flops"] == pytest.approx(flops, rel=2e-3)
+  assert r["switch_losses"][0] == pytest.approx(loss, abs=0.01)
+  assert r["saving"] == pytest.approx(1 - flops / (steps * STEP), abs=2e-3)
+  assert r["big_steps"] >= round(0.2 * steps)  # The whole cool-down is the target's.
+
+
+def test_a_slower_grown_model_or_a_lossy_hand_over_saves_less():
+  price = lambda rate, jump=0.0: growth.wsd_cost([SMALL], [STEP / 4], [1.0], STABLE, STEP, 8000, 0.2,
+                                                 target_rate=rate, jump=jump)["saving"]
+  assert price(1.0) > price(0.8) >= price(0.5) and price(1.0) > price(1.0, 0.2)
+  # Slow enough, the target best grows where scratch's cool-down starts and only cools down.
+  slow = growth.wsd_cost([SMALL], [STEP / 4], [1.0], STABLE, STEP, 8000, 0.2, target_rate=0.5)
+  assert slow["switch_losses"][0] == pytest.approx(STABLE.loss_at(6400 * STEP)) and slow["big_steps"] == 1600
+  # At rate 1 the saving is the FLOPs the small model saves on the way to the hand-over loss, less its step.
+  r = growth.wsd_cost([SMALL], [STEP / 4], [1.0], STABLE, STEP, 8000, 0.2)
+  s = r["switch_losses"][0]
+  assert r["saving"] == pytest.approx((STABLE.cost(s) - SMALL.cost(s) - STEP) / (8000 * STEP), abs=2e-3)
+  assert s == pytest.approx(6.0 - math.log(4 * 2.0 / 2.6) / 0.6, abs=0.01)  # Where the curves' slopes cross.
+
+
+def test_the_predicted_run_of_a_wsd_plan_ends_at_scratchs_loss():
+  steps = 8000
+  for rate in (1.0, 0.6):
+    r = growth.wsd_cost([SMALL], [STEP / 4], [1.0], STABLE, STEP, steps, 0.2, target_rate=rate)
+    p = growth.predict_wsd(SMALL, STEP / 4, r["steps"][0], STABLE, DECAYED, STEP, r["big_steps"], steps, 0.2,
+                           rate=rate)
+    assert p["final_loss"] == pytest.approx(DECAYED.loss_at(steps * STEP), abs=2e-3)
+    assert p["flops"] == pytest.approx(r["flops"], rel=1e-9)
+  # Fewer target steps than the plan's end above scratch's loss.
+  short = growth.predict_wsd(SMALL, STEP / 4, r["steps"][0], STABLE, DECAYED, STEP, r["big_steps"] - 500, steps, 0.2,
+                             rate=0.6)
+  assert short["final_loss"] > DECAYED.loss_at(steps * STEP) + 0.02
+
+
+def test_a_three_level_wsd_chain_prices_each_growth_with_its_rate():
+  mid = loglinear("mid stable", 6.0, 3.5, 50 * STEP, 2.0)
+  args = ([SMALL, mid], [STEP / 4, STEP / 2])
+  fast = growth.wsd_cost(*args, [1.0, 1.0], STABLE, STEP, 8000, 0.2)
+  assert None not in fast["switch_losses"] and fast["switch_losses"][0] > fast["switch_losses"][1]
+  assert fast["steps"][0] > 0 and fast["steps"][1] > 0
+  # A slow growth into the middle model: the chain skips it, or hands over to it later and saves less.
+  slow = growth.wsd_cost(*args, [1.0, 0.3], STABLE, STEP, 8000, 0.2)
+  assert slow["saving"] < fast["saving"]
+  with pytest.raises(ValueError, match="finite positive"):
+    growth.wsd_cost(*args, [1.0, 0.0], STABLE, STEP, 8000, 0.2)
+
+
+def test_the_bound_with_rates_of_one_is_the_bound_and_slower_growth_lowers_it():
+  target_loss = DECAYED.loss_at(20000 * STEP)
+  small = Frontier("small", tuple((f, l - 0.3) for f, l in SMALL.points))
+  assert ideal_cost([small, DECAYED], target_loss, rates=[1.0, 1.0]) == ideal_cost([small, DECAYED], target_loss)
+  one = bound_at([small, DECAYED], target_loss)["bound_saving"]
+  assert bound_at([small, DECAYED], target_loss, rates=[1.0, 0.5])["bound_saving"] < one
+
+
+def test_the_stable_curve_keeps_the_evals_before_the_cool_down():
+  pts = [(1e9, 6.0, 0.5), (2e9, 5.0, 1.0), (3e9, 4.5, 1.0), (4e9, 4.2, 1.0), (5e9, 3.9, 0.5), (6e9, 3.7, 0.1)]
+  c = growth.stable_curve("s", pts)
+  assert c.points == ((1e9, 6.0), (2e9, 5.0), (3e9, 4.5), (4e9, 4.2))
+  with pytest.raises(ValueError, match="before the cool-down"):
+    growth.stable_curve("s", [(1e9, 6.0, 1.0), (2e9, 5.0, 0.5)])
+
+
+def records_of_a_grown_run(rate):
+  """Metrics of a 2-level V-cycle whose target, grown at 5.0 with 1e12 FLOPs spent, moves ``rate`` times as fast on
+  STABLE as scratch, then cools down (lower rate, lower loss: not part of the rate)."""
+  start = 1e12
+  recs = [{"step": 400, "stage": 1, "level": 1, "event": "end_of_stage", "eval_loss": 5.0, "flops": start},
+          {"step": 400, "stage": 2, "level": 0, "event": "after_decoalesce", "eval_loss": 5.0}]
+  for k in range(1, 9):
+    f = start + k * 100 * STEP
+    lr = 1e-3 if k <= 6 else 1e-4 * (9 - k)
+    loss = STABLE.loss_at(STABLE.cost(5.0) + rate * k * 100 * STEP) - (0.2 if k > 6 else 0.0)
+    recs.append({"step": 400 + 100 * k, "stage": 2, "level": 0, "lr": lr, "flops": f, "eval_loss": loss})
+  return recs
+
+
+def test_the_growth_rate_is_read_from_a_runs_metrics():
+  for rate in (0.4, 1.0):
+    r = growth.rate_from_records(records_of_a_grown_run(rate), STABLE)
+    assert r["rate"] == pytest.approx(rate, rel=1e-3) and r["landing_loss"] == 5.0
+  assert growth.rate_from_records(records_of_a_grown_run(1.0)[2:], STABLE) is None  # No growth in it.
+
+
+def candidate(name, stable, step, cycle):
+  return Candidate(name, Frontier(name, tuple((f, l - 0.3) for f, l in stable.points)), step, 2.0, cycle,
+                   stable=stable)
+
+
+def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
+  depth = candidate("depth", loglinear("d", 6.0, 3.5, 50 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  width = candidate("width", loglinear("w", 6.0, 3.5, 45 * STEP, 2.4), STEP / 2, {"cycle.depth_factor": 1})
+  assert (depth.growth, width.growth) == ("depth", "width")
+  lossless = planner.plan_vcycle(DECAYED, STEP, 8000, [depth, width], wsd=planner.Wsd(STABLE))
+  assert lossless["method"] == "vcycle from width"  # Slightly cheaper curve.
+  slow = planner.plan_vcycle(DECAYED, STEP, 8000, [depth, width], wsd=planner.Wsd(STABLE, rates={"width": 0.4}))
+  assert slow["method"] == "vcycle from depth" and slow["pricing"].startswith("WSD")
+  assert "priced under one WSD schedule" in planner.describe(slow)
+  o = slow["overrides"]
+  assert round(o["cycle.up_fracs"][0] * 8000) == slow["big_steps"] >= math.ceil(1600 / 0.95)
+  with pytest.raises(ValueError, match="have none"):
+    planner.plan_vcycle(DECAYED, STEP, 8000, [Candidate("x", depth.frontier, STEP / 2, 2.0)],
+                        wsd=planner.Wsd(STABLE))
+  with pytest.raises(ValueError, match="Growth rates"):
+    planner.Wsd(STABLE, rates={"sideways": 0.5})
+
+
+def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(tmp_path):
+  target = tmp_path / "saving.json"
+  curve = [[f, 0.0, l] for f, l in STABLE.points]  # A 4000-step WSD run: stable to 3200 steps, then its cool-down.
+  target.write_text(json.dumps({"budgets": [
+      {"steps": round(f / STEP), "scratch": {"total_flops": f, "final_eval_loss": l},
+       **({"scratch_curve": [c for c in curve if c[0] <= 0.8 * f] + [[f, 0.0, l]]} if i == len(DECAYED.points) - 1
+          else {})} for i, (f, l) in enumerate(DECAYED.points)]}))
+  stable = loglinear("d", 6.0, 3.5, 50 * STEP, 2.0)
+  level = tmp_path / "L1.json"
+  level.write_text(json.dumps({"level": 1, "set": {"cycle.width_factor": "1"}, "runs": [
+      {"steps": round(f / (STEP / 2)), "lr_scale": 2, "total_flops": f, "final_eval_loss": l - 0.3,
+       **({"curve": [[g, m, 1e-3] for g, m in stable.points]} if i == 8 else {})}
+      for i, (f, l) in enumerate(stable.points)]}))
+  run = tmp_path / "run"
+  run.mkdir()
+  run.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records_of_a_grown_run(0.5)) + "\n")
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=4000", "--set=train.decay=wsd",
+          f"--target_from={target}", f"--small_from={level}"]
+  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "w" / "plan.json") as f:
+    d = json.load(f)
+  assert d["wsd"]["growth_rates"]["depth"] == pytest.approx(0.5, rel=1e-3)
+  p = d["plan"]
+  assert p["pricing"].startswith("WSD") and p["method"] == "vcycle from L1 width_factor=1"
+  want = growth.wsd_cost([stable], [STEP / 2], [1.0], STABLE, STEP, 4000, 0.2, target_rate=0.5,
+                         min_big=math.ceil(800 / 0.95))
+  assert p["predicted_saving"] == pytest.approx(want["saving"], abs=1e-9)
+  assert p["small_steps"] == want["steps"][0] and p["big_steps"] == want["big_steps"]
+  bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "GROWTH one of" in bad.stderr
