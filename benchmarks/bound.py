@@ -15,7 +15,7 @@ the next model's scratch run does from that loss costs, for two levels,
 
   F_big(L_T) - max over L >= L_T of [F_big(L) - F_small(L)],
 
-and for more levels the same recursion on a grid of losses (``multilevel.cycles.planner.ideal_cost``). The saving is what that maximum is of
+and for more levels the same recursion on a grid of losses (``multilevel.cycles.frontier.ideal_cost``). The saving is what that maximum is of
 F_big(L_T). A method that beats it has a grown model that learns faster than scratch after the hand-over; one at the
 bound loses nothing at the hand-over; where every method sits at or below the bound the fade is the physics of
 growth at this scale. It is a bound only under its assumption (after the hand-over the big model continues at its

@@ -197,3 +197,13 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "GROWTH one of" in bad.stderr
+
+
+def test_a_wsd_hand_over_at_the_end_of_a_measured_curve_is_flagged():
+  short = candidate("depth", loglinear("d", 6.0, 4.8, 50 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [short], wsd=planner.Wsd(STABLE))
+  assert p["switch_loss"] == pytest.approx(4.8) and p["candidates"][0]["curve_end"] == ["depth's"]
+  assert "at the end of depth's measured stable curve" in planner.describe(p)
+  full = candidate("depth", loglinear("d", 6.0, 3.5, 50 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [full], wsd=planner.Wsd(STABLE))
+  assert p["candidates"][0]["curve_end"] == [] and "at the end of" not in planner.describe(p)

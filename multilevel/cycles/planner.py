@@ -215,7 +215,7 @@ def _wsd_rows(wsd: Wsd, candidates: Sequence[Candidate], target_step_flops: floa
     row = {"candidate": c.name, "pricing": "wsd", "growth_rate": wsd.rate(c.growth)}
     if r is not None:
       row.update(switch_loss=r["switch_losses"][0], small_steps=r["steps"][0], big_steps=r["big_steps"],
-                 flops=r["flops"], saving=r["saving"])
+                 flops=r["flops"], saving=r["saving"], curve_end=_curve_end(r, [c], wsd, jump))
     out.append((c, row))
   for small in [c for c in candidates if not _one_axis(c)] if chains else []:
     for mid in [c for c in candidates if _one_axis(c)]:
@@ -225,8 +225,22 @@ def _wsd_rows(wsd: Wsd, candidates: Sequence[Candidate], target_step_flops: floa
              "growth_rates": [wsd.rate(into_mid), wsd.rate(mid.growth)]}
       if r is not None and None not in r["switch_losses"]:
         row.update(switch_loss=r["switch_losses"][1], switch_losses=r["switch_losses"], small_steps=r["steps"][0],
-                   mid_steps=r["steps"][1], big_steps=r["big_steps"], flops=r["flops"], saving=r["saving"])
+                   mid_steps=r["steps"][1], big_steps=r["big_steps"], flops=r["flops"], saving=r["saving"],
+                   curve_end=_curve_end(r, [small, mid], wsd, jump))
       out.append(((small, mid), row))
+  return out
+
+
+def _curve_end(r: dict, lower: Sequence[Candidate], wsd: Wsd, jump: float) -> list[str]:
+  """The measured curves a WSD hand-over stopped at the end of (a longer pilot of that model may find a later and
+  better hand-over): the target's stable curve where the last growth lands, a smaller model's where it hands over."""
+  out, last = [], [s for s in r["switch_losses"] if s is not None][-1]
+  tol = 1e-3 * (wsd.target.loss_range[1] - wsd.target.loss_range[0])
+  if last + jump <= wsd.target.loss_range[0] + tol:
+    out.append("the target's")
+  for c, s in zip(lower, r["switch_losses"]):
+    if s is not None and s <= c.stable.loss_range[0] + 1e-3 * (c.stable.loss_range[1] - c.stable.loss_range[0]):
+      out.append(f"{c.name}'s")
   return out
 
 
@@ -410,6 +424,10 @@ def describe(plan: dict) -> str:
                    f"steps, then {r['big_steps']} target steps: predicted saving {100 * r['saving']:+.1f}%")
     else:
       lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
+  ends = next((r.get("curve_end") for r in plan["candidates"] if r.get("saving") == plan["predicted_saving"]), None)
+  if ends:
+    lines.append(f"  note: the chosen hand-over is at the end of {' and '.join(ends)} measured stable curve: a longer "
+                 f"pilot of that model may find a later, better one")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
   if plan.get("no_overlap"):
