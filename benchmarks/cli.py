@@ -54,3 +54,23 @@ def key_values(items: list[str]) -> dict[str, str]:
 def command(module: str) -> str:
   """The command line that ran ``module``, as a results file records it: ``python -m benchmarks.gpu --smoke``."""
   return shlex.join(["python", "-m", module] + sys.argv[1:])
+
+
+def run_report(define: Define, measure: Callable[[types.SimpleNamespace], dict],
+               table: Callable[[dict], str]) -> None:
+  """``run`` for a script that reads results files into one report: ``measure(flags) -> dict`` is printed as
+  ``table(dict)`` and written as JSON to the script's ``--out`` (if given)."""
+  import json
+  import os
+
+  def main(argv):
+    del argv
+    a = parse(define)
+    d = measure(a)
+    print(table(d))
+    if a.out:
+      os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+      with open(a.out, "w") as f:
+        json.dump(d, f, indent=1)
+
+  run(main, define)

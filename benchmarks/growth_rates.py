@@ -97,16 +97,5 @@ def table(d: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  del argv
-  a = cli.parse(define_flags)
-  d = measure(a)
-  print(table(d))
-  if a.out:
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-      json.dump(d, f, indent=1)
-
-
 if __name__ == "__main__":
-  cli.run(main, define_flags)
+  cli.run_report(define_flags, measure, table)

@@ -207,3 +207,67 @@ def test_a_wsd_hand_over_at_the_end_of_a_measured_curve_is_flagged():
   full = candidate("depth", loglinear("d", 6.0, 3.5, 50 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
   p = planner.plan_vcycle(DECAYED, STEP, 8000, [full], wsd=planner.Wsd(STABLE))
   assert p["candidates"][0]["curve_end"] == [] and "at the end of" not in planner.describe(p)
+
+
+def test_the_growth_rates_benchmark_reads_a_variants_rate_off_its_curve(tmp_path):
+  import types
+  from benchmarks import growth_rates
+  steps, total = 8000, 8000 * STEP
+  scratch = [[f, 0.0, l] for f, l in STABLE.points if f <= 0.8 * total] + [[total, 0.0, 3.0]]
+  target = tmp_path / "scratch.json"
+  target.write_text(json.dumps({"budgets": [{"steps": steps, "scratch": {"total_flops": total, "final_eval_loss": 3.0},
+                                             "scratch_curve": scratch}, {"steps": 100, "scratch": {
+                                                 "total_flops": 100 * STEP, "final_eval_loss": 6.0}}]}))
+  # A V-cycle whose target, grown at 4.5 after 2e12 FLOPs, moves 0.6x as fast as scratch until its cool-down.
+  hand, land = 2e12, STABLE.cost(4.5)
+  curve = [[1e11, 0.0, 5.5, 1], [hand, 0.0, 4.5, 1]]
+  curve += [[hand + k * 200 * STEP, 0.0, STABLE.loss_at(land + 0.6 * k * 200 * STEP), 0] for k in range(1, 6)]
+  end = total  # The run's last 1600 steps cool down: evals there are left out.
+  curve += [[end - 400 * STEP, 0.0, 3.2, 0], [end, 0.0, 3.1, 0]]
+  runs = tmp_path / "runs.json"
+  runs.write_text(json.dumps({"budgets": [{"steps": steps, "variants": {"depth_only_w0": {
+      "curve": curve, "total_flops": end, "handover_jumps": [0.0]}}}]}))
+  a = types.SimpleNamespace(target=[str(target)], runs=[str(runs)], kind=["depth_only_w0=depth"], cooldown_frac=0.2)
+  d = growth_rates.measure(a)
+  assert d["rates"]["depth"]["mean"] == pytest.approx(0.6, rel=1e-6) and d["rows"][0]["landing_loss"] == 4.5
+  assert "| depth | 4.500 |" in growth_rates.table(d)
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_wsd_predict_prices_a_finished_run_from_the_steps_its_curve_shows(tmp_path, fresh):
+  """benchmarks.wsd_predict reads the small and target steps a V-cycle ran off its curve, whether its small model was
+  coalesced after a one-step target stage or started fresh, and prices them with growth.predict_wsd."""
+  import types
+  from benchmarks import wsd_predict
+  steps = 8000
+  target = tmp_path / "scratch.json"
+  scratch = [[f, 0.0, l] for f, l in STABLE.points if f <= 0.8 * steps * STEP]
+  target.write_text(json.dumps({"budgets": [
+      {"steps": round(f / STEP), "scratch": {"total_flops": f, "final_eval_loss": l},
+       **({"scratch_curve": scratch} if i == len(DECAYED.points) - 1 else {})}
+      for i, (f, l) in enumerate(DECAYED.points)]}))
+  # The small model: its decayed frontier 0.3 under its stable curve, which one long WSD run's evals give.
+  small_step = STEP / 4
+  runs = [{"steps": round(f / small_step), "lr_scale": 1.0, "total_flops": f, "final_eval_loss": l - 0.3}
+          for f, l in SMALL.points]
+  runs[-1]["curve"] = [[f, l, 1e-3] for f, l in SMALL.points]
+  small = tmp_path / "small.json"
+  small.write_text(json.dumps({"level": 1, "set": {"cycle.width_factor": "1"}, "base_lr": 1e-3, "runs": runs}))
+  n_small, n_big = 2000, 3000
+  start = [] if fresh else [[STEP, 0.0, 6.9, 0]]  # The coalescing stage: one target step.
+  f0 = 0.0 if fresh else STEP
+  curve = start + [[f0 + k * 500 * small_step, 0.0, SMALL.loss_at(k * 500 * small_step), 1] for k in range(1, 5)]
+  end = f0 + n_small * small_step + n_big * STEP
+  curve += [[end, 0.0, 3.5, 0]]
+  ran = tmp_path / "runs.json"
+  ran.write_text(json.dumps({"budgets": [{"steps": steps, "scratch": {"final_eval_loss": 3.2}, "variants": {
+      "planned": {"curve": curve, "total_flops": end, "final_eval_loss": 3.5, "handover_jumps": [0.0]}}}]}))
+  a = types.SimpleNamespace(target=[str(target)], small=str(small), runs=[f"{ran}:planned"], rate=0.8,
+                            cooldown_frac=0.2)
+  row = wsd_predict.measure(a)["rows"][0]
+  assert (row["small_steps"], row["big_steps"]) == (n_small, n_big)
+  stable = Frontier("target (stable)", tuple((f, l) for f, _, l in scratch))
+  want = growth.predict_wsd(SMALL, small_step, n_small, stable, DECAYED, STEP, n_big, steps, 0.2, rate=0.8)
+  assert row["predicted_handover_loss"] == pytest.approx(SMALL.loss_at(n_small * small_step))
+  assert row["predicted_final_wsd"] == pytest.approx(want["final_loss"])
+  assert "| 8000 | 2000 / 3000 |" in wsd_predict.table(wsd_predict.measure(a))
