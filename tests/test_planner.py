@@ -39,8 +39,10 @@ def test_the_plan_trains_the_small_model_to_the_switch_loss_and_the_target_for_t
   o = p["overrides"]
   assert o["cycle.levels"] == 2 and o["train.steps"] == steps and o["cycle.lr_scales"] == (1.0, 4.0)
   assert o["cycle.w_pre"] == 0.0 and o["cycle.split_noise"] == 0.1  # Breaks the grown copies' symmetry.
+  # The small model starts from its own initialisation, as its pilots did: no down stage.
+  assert o["cycle.small_init"] == "fresh" and "cycle.down_fracs" not in o
   assert round(o["cycle.small_frac"] * steps) == p["small_steps"]
-  assert round(o["cycle.up_fracs"][0] * steps) == p["big_steps"] and round(o["cycle.down_fracs"][0] * steps) == 1
+  assert round(o["cycle.up_fracs"][0] * steps) == p["big_steps"]
 
 
 def test_the_best_candidate_wins_and_a_useless_one_gives_scratch():
@@ -81,8 +83,9 @@ def test_the_planned_overrides_build_a_vcycle_with_those_stage_lengths():
   p = planner.plan_vcycle(TARGET, STEP, 2000, [small])
   c = override(tiny_config("gpt", levels=2), p["overrides"])
   plan = build_plan(model_config(c, None), c.cycle, c.train)
-  assert [s.steps for s in plan.stages] == [1, p["small_steps"], p["big_steps"]]
-  assert plan.stages[1].lr.peak == pytest.approx(4.0 * c.train.lr)
+  assert [s.steps for s in plan.stages] == [p["small_steps"], p["big_steps"]]
+  assert [s.enter for s in plan.stages] == ["init", "grow"] and plan.stages[0].level == 1
+  assert plan.stages[0].lr.peak == pytest.approx(4.0 * c.train.lr)
 
 
 @pytest.mark.slow
@@ -134,7 +137,7 @@ def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tm
     p = json.load(f)["plan"]
   assert c.cycle.width_factor == 1 and c.train.steps == 2000 and tuple(c.cycle.lr_scales) == (1.0, 4.0)
   stages = build_plan(model_config(c, None), c.cycle, c.train).stages
-  assert [s.steps for s in stages] == [1, p["small_steps"], p["big_steps"]]
+  assert [s.steps for s in stages] == [p["small_steps"], p["big_steps"]]
   # Planned again with the jump an earlier run of it measured at its growth: a later hand-over, a smaller saving.
   run = tmp_path / "run"
   run.mkdir()
@@ -272,8 +275,8 @@ def test_a_chain_through_a_one_axis_model_is_planned_as_three_levels_when_it_sav
   c = override(tiny_config("gpt", levels=3, deep=True), p["overrides"])
   plan = build_plan(model_config(c, None), c.cycle, c.train)
   assert [(m.num_layers, m.num_heads) for m in plan.levels] == [(4, 4), (2, 4), (2, 2)]
-  assert [s.steps for s in plan.stages] == [1, 1, p["small_steps"], p["mid_steps"], p["big_steps"]]
-  assert [s.lr.peak / c.train.lr for s in plan.stages[2:]] == pytest.approx([4.0, 2.0, 1.0])
+  assert [s.steps for s in plan.stages] == [p["small_steps"], p["mid_steps"], p["big_steps"]]
+  assert [s.lr.peak / c.train.lr for s in plan.stages] == pytest.approx([4.0, 2.0, 1.0])
   # Width first through a width-only model: the other order of the same two transitions.
   width = Candidate("width", depth.frontier, STEP / 2, 2.0, {"cycle.depth_factor": 1})
   w = override(tiny_config("gpt", levels=3, deep=True),

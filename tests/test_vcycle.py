@@ -103,3 +103,26 @@ def test_nan_loss_stops_with_step_and_level(tmp_path):
   c = tiny_config("gpt", levels=1, **{"train.lr": 1e12, "train.grad_clip": 0.0, "train.warmup_frac": 0.0})
   with pytest.raises(FloatingPointError, match=r"global step \d+ \(stage 0:scratch@L0, level 0"):
     train_and_evaluate(c, str(tmp_path))
+
+
+def test_a_fresh_small_start_is_the_small_model_trained_alone_then_grown_losslessly(tmp_path):
+  """``cycle.small_init='fresh'``: no down stage; the bottom stage is, bit for bit, a scratch run of the small model
+  with the same schedule (same init, data order and learning rates: what the planner's pilots measure), and the
+  depth growth by the zero rule hands it over with its loss (no snapshot, no interpolation)."""
+  shape = {"cycle.width_factor": 1, "cycle.preln_exact": True, "cycle.depth_growth": "zero", "cycle.w_pre": 0.0,
+           "cycle.transition_warmup_frac": 0.1, "train.warmup_frac": 0.1}
+  c = tiny_config("gpt", levels=2, deep=True, **shape, **{"cycle.small_init": "fresh"})
+  s = train_and_evaluate(c, str(tmp_path / "vcycle"))
+  assert [p["kind"] for p in s["per_stage"]] == ["bottom", "up"] and s["per_stage"][0]["model"].startswith("L2/")
+  recs = read_jsonl(os.path.join(tmp_path, "vcycle", "metrics.jsonl"))
+  small_end = next(r for r in recs if r.get("event") == "end_of_stage" and r["level"] == 1)
+  assert [r["event"] for r in recs if r.get("event", "").startswith("after_")] == ["after_decoalesce"]
+  grown = next(r for r in recs if r.get("event") == "after_decoalesce")
+  assert grown["eval_loss"] == pytest.approx(small_end["eval_loss"], abs=1e-5)
+  n = s["per_stage"][0]["steps"]
+  alone = tiny_config("gpt", levels=1, deep=True, **shape, **{
+      "model.num_layers": 2, "train.steps": n, "train.lr": c.train.lr * c.cycle.lr_scales[1]})
+  a = train_and_evaluate(alone, str(tmp_path / "alone"))
+  assert a["final_eval_loss"] == small_end["eval_loss"]  # The same parameters: the same bits.
+  with pytest.raises(ValueError, match=r"small_init='fresh'.*w_pre=0"):
+    build_plan(ModelConfig.from_dict(s["model"]), {**c.cycle, "w_pre": 0.25}, c.train)

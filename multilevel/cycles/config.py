@@ -26,6 +26,7 @@ OPT_POLICIES = ("reset", "carry")
 FINAL_SCHEDULES = ("restart", "baseline_tail")
 LR_RULES = ("fixed", "mup")
 SMALL_STOPS = ("fixed", "frontier")
+SMALL_INITS = ("coalesce", "fresh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,10 @@ class CycleConfig:
   # Per level, target model first; cut to the number of levels used.
   down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
   small_frac: float = 0.5  # Steps at the smallest level.
+  # Where the smallest level's weights come from: 'coalesce' (the paper: train the target down_fracs[0] of T, then
+  # coalesce level by level) or 'fresh' (the smallest model's own random initialisation, as G_stack's small model and
+  # the planner's pilots start: no down stages, no snapshots, so it needs w_pre = 0).
+  small_init: str = "coalesce"
   up_fracs: tuple[float, ...] = (0.5, 0.25, 0.25)  # Steps at each level after growing back (level 0 = the end).
   lr_scales: tuple[float, ...] = (1.0, 4.0, 4.0)  # Peak learning rate of each level, relative to train.lr.
   # fixed: lr_scales only | mup: also muP's per-parameter rates at narrower levels (hidden matrices x fan-in ratio);
@@ -88,8 +93,9 @@ class CycleConfig:
     check_fields(self, "cycle")
     if self.levels < 1:
       raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
-    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES), ("small_stop", SMALL_STOPS),
-               ("depth_mode", DEPTH_MODES), ("depth_growth", DEPTH_GROWTH))
+    choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES),
+               ("small_stop", SMALL_STOPS), ("small_init", SMALL_INITS), ("depth_mode", DEPTH_MODES),
+               ("depth_growth", DEPTH_GROWTH))
     for name, allowed in choices:
       if getattr(self, name) not in allowed:
         raise ConfigError(f"cycle.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
@@ -114,6 +120,11 @@ class CycleConfig:
       if self.stop_window < 2:
         raise ConfigError(f"cycle.stop_window={self.stop_window}: the small model's slope needs at least 2 "
                           f"evaluations.")
+    if self.small_init == "fresh" and self.w_pre > 0 and self.method == "vcycle" and self.levels > 1:
+      raise ConfigError(f"cycle.small_init='fresh' starts the smallest model from its own initialisation, so no "
+                        f"pre-coalescing snapshot exists to interpolate with; set cycle.w_pre=0 (with "
+                        f"cycle.split_noise > 0 where the width grows), or cycle.small_init='coalesce'. Got w_pre "
+                        f"{self.w_pre}.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
 

@@ -159,6 +159,14 @@ def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool =
 # Split noise of a planned V-cycle (relative, zero-sum over each group of copies): GPT's measured value
 # (benchmarks/RESULTS.md, depth_zero_split: 0.1 and 0.5 gave the same loss).
 SPLIT_NOISE = 0.1
+# How a planned V-cycle starts and grows. The smallest model starts from its own initialisation, as its pilots did
+# (cycle.small_init='fresh'), so its stage follows the pilot curve the plan was priced on: started by coalescing the
+# target's initialisation instead, the same 2-layer GPT trained 0.08-0.13 nats behind its pilot at the hand-over
+# (gcide, T=1400 / 2800; README, "Planning a schedule"). With no snapshot there is nothing to interpolate (w_pre = 0:
+# the plan assumes a lossless hand-over), and split noise breaks the grown width copies' symmetry without changing
+# the function (without it they stay copies for ever). The pricing still counts one coalescing step of each grown
+# model, which no longer runs: a margin of one step.
+START = {"cycle.small_init": "fresh", "cycle.w_pre": 0.0, "cycle.split_noise": SPLIT_NOISE}
 
 
 def _one_axis(c: Candidate) -> bool:
@@ -335,11 +343,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   c, row = best
   if isinstance(c, tuple):
     return _chain_plan(c, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss)
-  # w_pre = 0: after a one-step coalescing stage the held snapshot is an untrained model, and interpolating with it
-  # would throw away part of what the small model learned (the plan assumes a lossless hand-over). Split noise then
-  # breaks the grown copies' symmetry without changing the function (without it they stay copies for ever).
-  overrides = {**base, "cycle.split_noise": SPLIT_NOISE, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
-               "cycle.down_fracs": (1 / steps,), "cycle.w_pre": 0.0,
+  overrides = {**base, **START, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
   return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
@@ -352,8 +356,7 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
 def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss) -> dict:
   """The 3-level plan of a winning chain row (see ``plan_vcycle``)."""
   small, mid = chain
-  overrides = {**base, "cycle.split_noise": SPLIT_NOISE, **chain_overrides(mid, *shape), "cycle.method": "vcycle",
-               "cycle.levels": 3, "cycle.down_fracs": (1 / steps, 1 / steps), "cycle.w_pre": 0.0,
+  overrides = {**base, **START, **chain_overrides(mid, *shape), "cycle.method": "vcycle", "cycle.levels": 3,
                "cycle.small_frac": row["small_steps"] / steps,
                "cycle.up_fracs": (row["big_steps"] / steps, row["mid_steps"] / steps),
                "cycle.lr_scales": (1.0, mid.lr_scale, small.lr_scale)}

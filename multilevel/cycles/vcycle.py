@@ -8,7 +8,9 @@ one stage of plain training from scratch (the baseline); with ``K`` levels it is
   up:     grow + interpolate into level K-2, train up_fracs[K-2]*T; ... ; finally level 0 for up_fracs[0]*T.
 
 Every per-level list (down_fracs, up_fracs, lr_scales) is indexed by level, the target model first, so one list
-serves any number of levels (it is cut to the levels used). The default proportions are the reference GPT-2
+serves any number of levels (it is cut to the levels used). With ``small_init='fresh'`` there are no down stages: the
+bottom model starts from its own random initialisation (as G_stack's small model and the planner's pilots do) and
+the way up grows without interpolating. The default proportions are the reference GPT-2
 example's (method.md 7.2), scaled to the budget T: 5% warm-up-only steps on the big model, 50% on the small one at 4x
 the learning rate, 50% on the big one, fresh AdamW each stage.
 
@@ -119,7 +121,8 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
   opt_at = lambda lvl, schedule: optim_for(schedule, train, mup[lvl])
 
   stages, held = [], []
-  for lvl in range(k - 1):
+  fresh = cycle.small_init == "fresh"  # The bottom model starts from its own init: no down stages, no snapshots.
+  for lvl in range(0 if fresh else k - 1):
     n = steps_of(down[lvl], f"down_fracs[{lvl}]")
     # Reference stage 1: linear warm-up over the whole stage, stopping at the peak.
     stages.append(Stage(len(stages), lvl, "down", "init" if lvl == 0 else "coalesce", n,
@@ -135,7 +138,7 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
     from multilevel.cycles.switch import FrontierSwitch
     stop = FrontierSwitch(tuple((float(f), float(l)) for f, l in cycle.target_frontier), cycle.stop_window,
                           round(tw * n))
-  stages.append(Stage(bottom, k - 1, "bottom", "coalesce", cut.get(bottom, (n,))[0],
+  stages.append(Stage(bottom, k - 1, "bottom", "init" if fresh else "coalesce", cut.get(bottom, (n,))[0],
                       opt_at(k - 1, trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held),
                       stop=None if bottom in cut else stop))
   for lvl in range(k - 2, -1, -1):
@@ -147,7 +150,8 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
       # Continue where the baseline's linear decay would be with n steps left, instead of restarting at the peak.
       warm_base = round(train.warmup_frac * total)
       peak = lr * min(1.0, n / max(total - warm_base, 1))
-    held.remove(lvl)  # Growing into this level consumes its snapshot.
+    if lvl in held:
+      held.remove(lvl)  # Growing into this level consumes its snapshot.
     stages.append(Stage(len(stages), lvl, "up", "grow", n, opt_at(lvl, trained(peak, n, round(tw * n), lvl == 0)),
                         tuple(sorted(held))))
   return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
@@ -194,20 +198,27 @@ def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
       return {"params": O.interpolate(c["after_decoalesce"], c["taken"][dst.level], w_pre=cycle.w_pre,
                                       check_finite=False)}
 
-    parts, event, probes = [("grow", grow), ("interpolate", interpolate)], "after_interpolate", {
-        "after_decoalesce": dst.level}
+    if dst.level in plan.stages[src.index].held:
+      parts, event, probes = [("grow", grow), ("interpolate", interpolate)], "after_interpolate", {
+          "after_decoalesce": dst.level}
+      takes = (dst.level,)
+    else:  # No snapshot of this level (cycle.small_init='fresh', which implies w_pre = 0): nothing to interpolate.
+      parts, event, probes, takes = [("grow", lambda c: {"params": grow(c)["after_decoalesce"]})], \
+          "after_decoalesce", {}, ()
     shrink, perturb = (float(x) for x in cycle.shrink_perturb)
     if (shrink, perturb) != (1.0, 0.0):
       # Drawn eagerly, as a model's initial parameters always are; the interpolated model becomes a probe.
       fresh = M.init_params(plan.levels[dst.level], plan.seed + 2000 + dst.index)
 
+      before = event  # The model as grown (and interpolated) becomes a probe.
+
       def shrink_and_perturb(c):
         mixed = jax.tree.map(lambda p, r: shrink * p + perturb * r, c["params"], fresh)
-        return {"after_interpolate": c["params"], "params": mixed}
+        return {before: c["params"], "params": mixed}
 
       parts.append(("shrink_perturb", shrink_and_perturb))
-      probes["after_interpolate"], event = dst.level, "after_shrink_perturb"
-    return _complete(plan, dst, "grow", parts, event, (dst.level,), (), probes,
+      probes[before], event = dst.level, "after_shrink_perturb"
+    return _complete(plan, dst, "grow", parts, event, takes, (), probes,
                      lambda t: O.decoalesce(t, m, check=False, check_finite=False))
   raise ValueError(f"Stage {dst.name} cannot be entered by {dst.enter!r} from {src.name}.")
 
