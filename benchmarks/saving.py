@@ -46,6 +46,12 @@ VARIANTS = {
     "depth_only_copy_w0": {**_W, "cycle.width_factor": 1, "cycle.preln_exact": True, "cycle.depth_growth": "copy",
                            "cycle.w_pre": 0.0},  # Plain copies (G_stack's rule) instead of the zero rule.
     "depth_only_3_w0": {**_ZERO, "cycle.width_factor": 1, "cycle.levels": 3, "cycle.w_pre": 0.0},
+    # The planner's schedule at about 21 tokens/param on GPT (gcide, WSD; plan_gcide_gpt_wsd_1400_fresh.json) as a
+    # hand-set variant for budgets that have no plan: the depth-only model from its own init for 79% of T at 2x the
+    # LR, then the target for 23%.
+    "depth_only_fresh": {**_ZERO, "cycle.width_factor": 1, "cycle.w_pre": 0.0, "cycle.small_init": "fresh",
+                         "cycle.small_frac": 0.79, "cycle.up_fracs": (0.23, 0.25, 0.25),
+                         "cycle.lr_scales": (1.0, 2.0, 2.0)},
     "width_only_split": {**_W, "cycle.depth_factor": 1, "cycle.preln_exact": True, "cycle.w_pre": 0.0,
                          "cycle.split_noise": 0.1},
     "alternating_split": {**_ZERO, "cycle.levels": 3, "cycle.width_schemes": "[[[0], [1]], null]",

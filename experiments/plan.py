@@ -132,7 +132,9 @@ def main(argv):
     raise app.UsageError(f"--pricing=wsd prices a run under one WSD schedule; this config has train.decay="
                          f"{base.train.decay!r}. Set train.decay=wsd or use --pricing=bound.")
 
-  record = {"config": spec, "set": sets, "steps": steps, "pilots": []}
+  import shlex
+  record = {"command": shlex.join(["python", "-m", "experiments.plan"] + sys.argv[1:]), "config": spec, "set": sets,
+            "steps": steps, "pilots": []}
 
   def run(name, overrides, n, lr_scale=1.0):
     from multilevel.cycles.growth import eval_curve

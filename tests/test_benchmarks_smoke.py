@@ -44,24 +44,26 @@ def test_gpu_script_cycle_config():
   s = gpu.parse_args(["--smoke"])
   assert gpu.cycle_config(s, 2).model.num_layers == 2
   # Every run under the stricter protocol's WSD by default; a variant of benchmarks.saving by name.
-  assert c.train.decay == "wsd" and a.cycle_variants == ["default", "msg"]
+  assert c.train.decay == "wsd" and a.cycle_variants == ["default", "depth_only_fresh"]
+  fresh = gpu.cycle_config(a, 2, "depth_only_fresh").cycle
+  assert (fresh.small_init, fresh.width_factor, fresh.w_pre) == ("fresh", 1, 0.0)
   assert gpu.cycle_config(a, 2, "msg").cycle.method == "msg"
   assert gpu.cycle_config(a, 2, "depth_zero_split").cycle.split_noise == 0.1
 
 
 def test_gpu_script_smoke_methods(tmp_path):
   """Part 2 end to end on tiny shapes: scratch, the default V-cycle and a saving.py variant through the driver, read
-  as saving.py reads them (MSG, the script's other default, compiles a program per growth event: too slow here)."""
+  as saving.py reads them: the script's defaults (the V-cycle and the planner-shaped depth-only schedule)."""
   out = tmp_path / "gpu.json"
-  stdout = _run(["-m", "benchmarks.gpu", "--smoke", "--skip_throughput", "--cycle_variants=default,depth_zero_split",
+  stdout = _run(["-m", "benchmarks.gpu", "--smoke", "--skip_throughput", "--cycle_variants=default,depth_only_fresh",
                  "--workroot", str(tmp_path), "--out", str(out)], timeout=600)
   c = json.loads(out.read_text())["cycle"]
-  assert set(c["variants"]) == {"default", "depth_zero_split"}
+  assert set(c["variants"]) == {"default", "depth_only_fresh"}
   assert c["variants"]["default"]["compare"]["flops_ratio_total"] < 1
-  assert c["variants"]["depth_zero_split"]["summary"]["final_eval_loss"] != c["variants"]["default"]["summary"][
+  assert c["variants"]["depth_only_fresh"]["summary"]["final_eval_loss"] != c["variants"]["default"]["summary"][
       "final_eval_loss"]
   assert c["variants"]["default"]["driver_step_time_ratio_small_big"] > 0
-  assert "| depth_zero_split |" in stdout and "decay wsd" in stdout
+  assert "| depth_only_fresh |" in stdout and "decay wsd" in stdout
 
 
 def test_throughput_script_tiny(tmp_path):
@@ -371,3 +373,30 @@ def test_every_benchmark_variant_builds_a_plan_on_every_family(family):
       with pytest.raises(ValueError, match="heads by a width factor"):
         c = saving.make_config(family, 200, overrides, {}, 10)
         build_plan(model_config(c, None), c.cycle, c.train)
+
+
+def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(tmp_path):
+  import types
+  from benchmarks import seeds_shifted
+  fit = {"E": 2.5, "A": 40.0, "a": 0.3}
+  law = lambda c: fit["E"] + fit["A"] * c ** -fit["a"]
+  costs = (1e9, 3e9, 1e10, 3e10, 1e11)
+  # The reference seed: its frontier, and a variant that reaches the 1e10 point's loss with half its FLOPs.
+  summary = {"seed": 42, "frontier_fit": {"flops": fit},
+             "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c, "final_eval_loss": law(c)}
+                                          for c in costs]},
+             "budgets": [{"steps": 1000, "variants": {"planned": {"final_eval_loss": law(1e10), "total_flops": 5e9}}}]}
+  (tmp_path / "ref.json").write_text(json.dumps(summary))
+  # Seed 1 ends 0.1 nats lower at both of its learning rates' best, and its variant 0.1 lower too: the same +50%.
+  entry = lambda scratch, run: {"budgets": [{"steps": 1000, "scratch": {"final_eval_loss": scratch},
+                                             "variants": {} if run is None else {"planned": run}}]}
+  (tmp_path / "a.json").write_text(json.dumps(entry(law(1e10) - 0.05, {"final_eval_loss": law(1e10) - 0.1,
+                                                                        "total_flops": 5e9})))
+  (tmp_path / "b.json").write_text(json.dumps(entry(law(1e10) - 0.1, None)))
+  a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=1000, variant="planned",
+                            seed=[f"1:{tmp_path / 'a.json'}+{tmp_path / 'b.json'}"], out="")
+  d = seeds_shifted.measure(a)
+  assert [r["seed"] for r in d["rows"]] == [42, 1]
+  assert d["rows"][1]["shift"] == pytest.approx(-0.1)
+  assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
+  assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)

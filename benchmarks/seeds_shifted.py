@@ -1,0 +1,95 @@
+"""Savings of other seeds read on one seed's fitted frontier, shifted by how far each seed's own scratch run ends.
+
+  python -m benchmarks.seeds_shifted --summary=benchmarks/results/gcide_gpt_tuned_wsd_fresh_summary.json \
+      --budget=1400 --variant=planned \
+      --seed=1:benchmarks/results/gcide_gpt_wsd_lr4e-3_planned_wsd_fresh_s1.json+benchmarks/results/gcide_gpt_wsd_lr8e-3_s1.json \
+      --seed=2:...
+
+A fitted frontier (``analyze_saving --fit``) costs five or more fully decayed scratch budgets per seed and learning
+rate; a seed check of one method at one budget would cost several times the method's runs. So each further seed runs
+scratch at that budget only (at each learning rate of the sweep, keeping its best) and the method, and is read on the
+reference seed's fit moved by ``shift = best scratch loss of this seed - the reference seed's frontier loss at that
+budget``: a method run ending at loss L with F FLOPs saves ``1 - F / F_fit(L - shift)``. This assumes another seed
+moves the whole frontier by about as much as it moves the budget's point; the reference seed's own row is read on
+its unshifted fit, as ``analyze_saving`` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import app, flags
+
+from benchmarks import cli
+from benchmarks.frontiers import fitted_cost
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("summary", "", "analyze_saving output with a fitted frontier (--fit) of the reference seed, "
+                      "holding the variant at --budget.", flag_values=fv)
+  flags.DEFINE_integer("budget", 0, "The budget (train.steps) to read.", flag_values=fv)
+  flags.DEFINE_string("variant", "planned", "The variant's name in the results files.", flag_values=fv)
+  flags.DEFINE_multi_string("seed", [], "SEED:FILE[+FILE...]: benchmarks.saving results of that seed at --budget "
+                            "(scratch at one or more learning rates, the variant in one of them).", flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON to write the rows to.", flag_values=fv)
+
+
+def _budget(d: dict, steps: int):
+  return next((b for b in d["budgets"] if b["steps"] == steps), None)
+
+
+def measure(a) -> dict:
+  if not (a.summary and a.budget and a.seed):
+    raise app.UsageError("Give --summary, --budget and at least one --seed.")
+  with open(a.summary) as f:
+    ref = json.load(f)
+  fit = (ref.get("frontier_fit") or {}).get("flops")
+  if not fit:
+    raise app.UsageError(f"{a.summary} has no fitted frontier: merge with analyze_saving --fit.")
+  points = [(p["total_flops"], p["final_eval_loss"]) for p in ref["frontier_from"]["points"]]
+  ref_point = next((p for p in ref["frontier_from"]["points"] if p["steps"] == a.budget), None)
+  b = _budget(ref, a.budget)
+  if ref_point is None or b is None or a.variant not in b["variants"]:
+    raise app.UsageError(f"{a.summary} has no frontier point or no {a.variant!r} run at {a.budget} steps.")
+  ref_loss = ref_point["final_eval_loss"]
+  rows = [{"seed": ref.get("seed"), "scratch": ref_loss, "shift": 0.0,
+           **_read(fit, points, b["variants"][a.variant], 0.0)}]
+  for spec in a.seed:
+    seed, _, files = spec.partition(":")
+    scratch, run = [], None
+    for path in files.split("+"):
+      with open(path) as f:
+        e = _budget(json.load(f), a.budget)
+      if e is None:
+        raise app.UsageError(f"{path} has no budget of {a.budget} steps.")
+      scratch.append(e["scratch"]["final_eval_loss"])
+      run = e["variants"].get(a.variant, run)
+    if run is None:
+      raise app.UsageError(f"--seed={spec}: no {a.variant!r} run in these files.")
+    shift = min(scratch) - ref_loss
+    rows.append({"seed": int(seed), "scratch": min(scratch), "shift": shift, **_read(fit, points, run, shift)})
+  savings = [r["saving"] for r in rows if r["saving"] is not None]
+  return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
+          "rows": rows, "mean": sum(savings) / len(savings) if savings else None,
+          "min": min(savings, default=None), "max": max(savings, default=None)}
+
+
+def _read(fit, points, run: dict, shift: float) -> dict:
+  cost = fitted_cost(fit, run["final_eval_loss"] - shift, points)
+  return {"final_eval_loss": run["final_eval_loss"], "total_flops": run["total_flops"],
+          "saving": None if cost is None else 1 - run["total_flops"] / cost}
+
+
+def table(d: dict) -> str:
+  pct = lambda x: "n/a" if x is None else f"{100 * x:+.0f}%"
+  lines = [f"{d['variant']} at T={d['budget']}, read on the reference seed's fit shifted per seed:",
+           "| seed | best scratch | shift | final loss | FLOPs saved |", "|---|---|---|---|---|"]
+  for r in d["rows"]:
+    lines.append(f"| {r['seed']} | {r['scratch']:.4f} | {r['shift']:+.4f} | {r['final_eval_loss']:.4f} | "
+                 f"{pct(r['saving'])} |")
+  lines.append(f"mean {pct(d['mean'])} [{pct(d['min'])}, {pct(d['max'])}]")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  cli.run_report(define_flags, measure, table)
