@@ -231,7 +231,8 @@ def wsd_settings(base, target_curve, record: dict):
     rates[kind] = r["rate"]
     record.setdefault("growth_rates_measured", {})[kind] = dict(r, workdir=w)
   try:
-    settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac))
+    settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac),
+                           float(base.train.warmup_frac))
   except ValueError as e:
     raise app.UsageError(f"--growth_rates: {e}") from None
   record["wsd"] = {"target_stable": stable.points, "cooldown_frac": cool, "growth_rates": rates}

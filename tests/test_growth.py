@@ -194,6 +194,9 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
                          min_big=math.ceil(800 / 0.95))
   assert p["predicted_saving"] == pytest.approx(want["saving"], abs=1e-9)
   assert p["small_steps"] == want["steps"][0] and p["big_steps"] == want["big_steps"]
+  # The small stage warms up as the pilot whose curve priced it did: train.warmup_frac of that pilot's steps.
+  pilot_steps = round(stable.points[8][0] / (STEP / 2))
+  assert p["overrides"]["cycle.small_warmup_steps"] == round(0.05 * pilot_steps)
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "GROWTH one of" in bad.stderr
@@ -271,3 +274,22 @@ def test_wsd_predict_prices_a_finished_run_from_the_steps_its_curve_shows(tmp_pa
   assert row["predicted_handover_loss"] == pytest.approx(SMALL.loss_at(n_small * small_step))
   assert row["predicted_final_wsd"] == pytest.approx(want["final_loss"])
   assert "| 8000 | 2000 / 3000 |" in wsd_predict.table(wsd_predict.measure(a))
+
+
+def test_a_wsd_plan_gives_the_small_stage_its_pilots_warm_up():
+  import dataclasses
+  from engine_util import tiny_config
+  from experiments.configs.common import override
+  from multilevel.cycles.config import build_plan
+  from multilevel.cycles.run_config import model_config
+  depth = candidate("depth", loglinear("d", 6.0, 3.5, 50 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  assert "cycle.small_warmup_steps" not in planner.plan_vcycle(DECAYED, STEP, 8000, [depth],
+                                                               wsd=planner.Wsd(STABLE))["overrides"]
+  piloted = dataclasses.replace(depth, stable_steps=4000)
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [piloted], wsd=planner.Wsd(STABLE, pilot_warmup_frac=0.1))
+  assert p["overrides"]["cycle.small_warmup_steps"] == 400
+  c = override(tiny_config("gpt", levels=2, deep=True), {**p["overrides"], "train.decay": "wsd"})
+  stages = build_plan(model_config(c, None), c.cycle, c.train).stages
+  assert stages[0].kind == "bottom" and stages[0].lr.warmup == 400
+  with pytest.raises(ValueError, match="small_warmup_steps=.*no step"):
+    build_plan(model_config(c, None), {**c.cycle, "small_warmup_steps": stages[0].steps}, c.train)

@@ -48,6 +48,7 @@ class Candidate:
   pilot_flops: float = 0.0
   model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
   stable: Frontier | None = None  # Its stable curve at ``lr_scale`` (a WSD pilot before its cool-down), for ``Wsd``.
+  stable_steps: int = 0  # train.steps of the pilot whose curve ``stable`` is (its warm-up is a share of them).
 
   @property
   def growth(self) -> str:
@@ -66,12 +67,15 @@ class Wsd:
   a scratch run at the planned ``train.lr``), ``cooldown_frac`` the schedule's cool-down (``train.cooldown_frac``),
   ``rates`` how fast a model learns after growing in each of ``GROWTHS`` (missing: 1, the bound's assumption;
   ``growth.rate_from_records`` measures one), ``transition_warmup_frac`` the warm-up at the start of each grown
-  stage (``cycle.transition_warmup_frac``: the target's stage holds it and the whole cool-down)."""
+  stage (``cycle.transition_warmup_frac``: the target's stage holds it and the whole cool-down), ``pilot_warmup_frac``
+  the pilots' ``train.warmup_frac``: the planned small stage warms up over as many steps as the pilot whose stable
+  curve it was priced on (``cycle.small_warmup_steps``), so that it follows that curve."""
 
   target: Frontier
   cooldown_frac: float = 0.2
   rates: dict = dataclasses.field(default_factory=dict)
   transition_warmup_frac: float = 0.05
+  pilot_warmup_frac: float = 0.05
 
   def __post_init__(self):
     bad = {k: v for k, v in self.rates.items() if k not in GROWTHS or not (math.isfinite(v) and v > 0)}
@@ -102,9 +106,11 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
   stable = None
   if curved:
     from multilevel.cycles.growth import stable_curve
-    stable = stable_curve(f"{name} (stable)", max(curved, key=lambda r: r["steps"])["curve"])
+    longest = max(curved, key=lambda r: r["steps"])
+    stable, stable_steps = stable_curve(f"{name} (stable)", longest["curve"]), int(longest["steps"])
   return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n, rate,
-                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable)
+                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable,
+                   stable_steps if stable is not None else 0)
 
 
 def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
@@ -341,9 +347,10 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
             "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller, "why": why,
             "no_overlap": below}
   c, row = best
+  warm = _small_warmup(c[0] if isinstance(c, tuple) else c, wsd, row["small_steps"])
   if isinstance(c, tuple):
-    return _chain_plan(c, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss)
-  overrides = {**base, **START, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
+    return _chain_plan(c, row, shape, {**base, **warm}, steps, budget, scope, pilots, rows, smaller, target_loss)
+  overrides = {**base, **START, **warm, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
   return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
@@ -351,6 +358,14 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
           "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
           "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
           "smaller_model_alone": smaller}
+
+
+def _small_warmup(c: Candidate, wsd: Wsd | None, small_steps: int) -> dict:
+  """Under WSD the small stage is priced on its pilot's stable curve, which it follows only with the pilot's
+  warm-up (``train.warmup_frac`` of the pilot's steps; at most the stage's steps less one)."""
+  if wsd is None or not c.stable_steps:
+    return {}
+  return {"cycle.small_warmup_steps": max(1, min(round(wsd.pilot_warmup_frac * c.stable_steps), small_steps - 1))}
 
 
 def _chain_plan(chain, row, shape, base, steps, budget, scope, pilots, rows, smaller, target_loss) -> dict:

@@ -129,6 +129,12 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
                         opt_at(lvl, LrSchedule(lr * float(scales[lvl]), n, n, "constant")), tuple(held)))
     held.append(lvl)  # Coalescing this level keeps it as the interpolation partner of the way back up.
   n = steps_of(cycle.small_frac, "small_frac")
+  # The bottom stage's warm-up: cycle.small_warmup_steps (the planner sets its pilot's, so the stage follows the pilot
+  # curve it was priced on), else transition_warmup_frac of the stage.
+  small_warm = cycle.small_warmup_steps or round(tw * n)
+  if cycle.small_warmup_steps and small_warm >= n:
+    raise ConfigError(f"cycle.small_warmup_steps={cycle.small_warmup_steps} leaves no step of the {n}-step bottom "
+                      f"stage at its peak learning rate; lower it or raise cycle.small_frac.")
   cut = {int(c[0]): (int(c[1]), int(c[2])) for c in cuts}
   bottom = len(stages)
   if set(cut) - {bottom}:
@@ -137,9 +143,9 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
   if cycle.small_stop == "frontier":
     from multilevel.cycles.switch import FrontierSwitch
     stop = FrontierSwitch(tuple((float(f), float(l)) for f, l in cycle.target_frontier), cycle.stop_window,
-                          round(tw * n))
+                          small_warm)
   stages.append(Stage(bottom, k - 1, "bottom", "init" if fresh else "coalesce", cut.get(bottom, (n,))[0],
-                      opt_at(k - 1, trained(lr * float(scales[k - 1]), n, round(tw * n), False)), tuple(held),
+                      opt_at(k - 1, trained(lr * float(scales[k - 1]), n, small_warm, False)), tuple(held),
                       stop=None if bottom in cut else stop))
   for lvl in range(k - 2, -1, -1):
     n = steps_of(up[lvl], f"up_fracs[{lvl}]")
