@@ -293,3 +293,22 @@ def test_a_wsd_plan_gives_the_small_stage_its_pilots_warm_up():
   assert stages[0].kind == "bottom" and stages[0].lr.warmup == 400
   with pytest.raises(ValueError, match="small_warmup_steps=.*no step"):
     build_plan(model_config(c, None), {**c.cycle, "small_warmup_steps": stages[0].steps}, c.train)
+
+
+def test_a_candidates_seeds_pool_as_their_mean():
+  """Runs of one small model at several seeds: each budget counts as the seeds' mean loss, the stable curve as the
+  seeds' curves averaged evaluation by evaluation; one seed's repeats still keep their lowest loss."""
+  grid = [1e11 * k for k in range(1, 6)]
+  curve = lambda shift: [[f, 5.0 - 0.2 * i + shift, 1e-3] for i, f in enumerate(grid)]
+  runs = [{"steps": 100, "lr_scale": 2, "total_flops": 1e11, "final_eval_loss": 5.0, "seed": 42},
+          {"steps": 500, "lr_scale": 2, "total_flops": 5e11, "final_eval_loss": 4.0, "seed": 42, "curve": curve(0.0)},
+          {"steps": 500, "lr_scale": 2, "total_flops": 5e11, "final_eval_loss": 4.3, "seed": 42},
+          {"steps": 500, "lr_scale": 2, "total_flops": 5e11, "final_eval_loss": 4.2, "seed": 1, "curve": curve(0.2)}]
+  c = planner.candidate_from_runs("s", runs, stable=True)
+  assert dict(c.frontier.points)[5e11] == pytest.approx(4.1) and dict(c.frontier.points)[1e11] == 5.0
+  assert c.stable.points[2] == (3e11, pytest.approx(4.7)) and c.stable_steps == 500 and "2 seeds" in c.stable.name
+  one = planner.candidate_from_runs("s", runs[:3], stable=True)  # One seed: as before, its best run.
+  assert dict(one.frontier.points)[5e11] == 4.0 and one.stable.points[2] == (3e11, pytest.approx(4.6))
+  bad = runs[:3] + [dict(runs[3], curve=curve(0.2)[:4])]
+  with pytest.raises(ValueError, match="different FLOPs"):
+    planner.candidate_from_runs("s", bad, stable=True)

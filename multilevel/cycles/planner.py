@@ -94,23 +94,45 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
   """A candidate from its fully decayed runs (``steps``, ``lr_scale``, ``total_flops``, ``final_eval_loss`` each):
   the best learning rate at each budget is its frontier, the one that won at the longest budget its rate (the small
   stage is about that long or shorter), and every run counts as pilot cost. With ``stable``, runs with a ``curve``
-  (``[FLOPs, eval loss, learning rate]`` rows of a WSD run) give the stable curve: the longest one's at that rate."""
-  best: dict[int, tuple] = {}
+  (``[FLOPs, eval loss, learning rate]`` rows of a WSD run) give the stable curve: the longest one's at that rate.
+
+  Runs may name their ``seed``: a budget and rate run at several seeds counts as the mean of its seeds (of one seed's
+  repeats, the lowest), and so does the stable curve (the seeds' longest curves at the rate, averaged evaluation by
+  evaluation), so a plan prices the small model's mean behaviour rather than one seed's luck."""
+  by_seed: dict[tuple, tuple] = {}
   for r in runs:
-    if r["steps"] not in best or r["final_eval_loss"] < best[r["steps"]][1]:
-      best[r["steps"]] = (r["total_flops"], r["final_eval_loss"], r["lr_scale"])
+    key = (r["steps"], r["lr_scale"], r.get("seed"))
+    if key not in by_seed or r["final_eval_loss"] < by_seed[key][1]:
+      by_seed[key] = (r["total_flops"], r["final_eval_loss"])
+  pooled: dict[tuple, list] = {}
+  for (steps, scale, _), v in by_seed.items():
+    pooled.setdefault((steps, scale), []).append(v)
+  best: dict[int, tuple] = {}
+  for (steps, scale), vs in pooled.items():
+    f, l = sum(v[0] for v in vs) / len(vs), sum(v[1] for v in vs) / len(vs)
+    if steps not in best or l < best[steps][1]:
+      best[steps] = (f, l, scale)
   if len(best) < 2:
     raise ValueError(f"Candidate {name!r} needs fully decayed runs at two budgets or more, got {sorted(best)}.")
   n, rate = min(best), best[max(best)][2]
   curved = [r for r in runs if r.get("curve") and r["lr_scale"] == rate] if stable else []
-  stable = None
+  stable, stable_steps = None, 0
   if curved:
     from multilevel.cycles.growth import stable_curve
-    longest = max(curved, key=lambda r: r["steps"])
-    stable, stable_steps = stable_curve(f"{name} (stable)", longest["curve"]), int(longest["steps"])
+    stable_steps = int(max(r["steps"] for r in curved))
+    seeds: dict = {}
+    for r in curved:
+      if r["steps"] == stable_steps:
+        seeds.setdefault(r.get("seed"), r["curve"])
+    curves = list(seeds.values())
+    grid = [p[0] for p in curves[0]]
+    if any([p[0] for p in c] != grid for c in curves[1:]):
+      raise ValueError(f"Candidate {name!r}: the {len(curves)} seeds' {stable_steps}-step curves were evaluated at "
+                       f"different FLOPs; pool runs with the same steps and --evals.")
+    mean = [[grid[i], sum(c[i][1] for c in curves) / len(curves), curves[0][i][2]] for i in range(len(grid))]
+    stable = stable_curve(f"{name} (stable" + (f", {len(curves)} seeds)" if len(curves) > 1 else ")"), mean)
   return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n, rate,
-                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable,
-                   stable_steps if stable is not None else 0)
+                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable, stable_steps)
 
 
 def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
@@ -153,7 +175,9 @@ def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool =
   if any(f.get("model") != d.get("model") for f in files):
     raise ValueError(f"{path}: the files ran different models; pool one model's level runs only.")
   base = float(base_lr or d.get("base_lr") or 1.0)
-  runs = [dict(r, lr_scale=r["lr_scale"] * float(f.get("base_lr") or base) / base) for f in files for r in f["runs"]]
+  # A file's train.seed (its --set) names the seed of its runs: several seeds of one model pool as their mean.
+  runs = [dict(r, lr_scale=r["lr_scale"] * float(f.get("base_lr") or base) / base,
+               seed=r.get("seed", f.get("set", {}).get("train.seed"))) for f in files for r in f["runs"]]
   cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
   try:
