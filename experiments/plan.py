@@ -37,6 +37,9 @@ _TARGET_PILOTS = flags.DEFINE_list("target_pilots", [], "Steps of the target's p
                                    "of --steps; they must reach the losses where a hand-over pays).")
 _SMALL_PILOTS = flags.DEFINE_list("small_pilots", [], "Steps of each candidate's pilots (default: 1/4, 1/2 and 1 "
                                   "times --steps).")
+_PILOT_SEEDS = flags.DEFINE_list("pilot_seeds", [], "Further train.seed values at which each candidate's longest "
+                                 "pilot also runs (at each of --lr_scales): the plan then prices the seeds' mean, "
+                                 "since a small model's curve can vary between seeds far more than the target's.")
 _LR_SCALES = flags.DEFINE_list("lr_scales", ["2", "4"], "Peak LRs of the candidates' pilots, as multiples of "
                                "train.lr.")
 CANDIDATES = {"halve": {}, "depth": {"cycle.width_factor": 1}, "width": {"cycle.depth_factor": 1}}
@@ -126,6 +129,10 @@ def main(argv):
   target_pilots = ints(_TARGET_PILOTS.value, (0.0625, 0.125, 0.25))
   small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0))
   base = configured(spec, sets, {})
+  try:  # The config's own seed runs every pilot already.
+    seeds = [int(x) for x in _PILOT_SEEDS.value if int(x) != int(base.train.seed)]
+  except ValueError:
+    raise app.UsageError(f"--pilot_seeds takes integers, got {_PILOT_SEEDS.value}.") from None
   lr = float(base.train.lr)
   wsd = _PRICING.value == "wsd" or (_PRICING.value == "auto" and base.train.decay == "wsd")
   if wsd and base.train.decay != "wsd":
@@ -136,14 +143,17 @@ def main(argv):
   record = {"command": shlex.join(["python", "-m", "experiments.plan"] + sys.argv[1:]), "config": spec, "set": sets,
             "steps": steps, "pilots": []}
 
-  def run(name, overrides, n, lr_scale=1.0):
+  def run(name, overrides, n, lr_scale=1.0, seed=None):
     from multilevel.cycles.growth import eval_curve
     from multilevel.metrics import read_metrics
-    d = os.path.join(work, "pilots", f"{name}-lr{lr_scale:g}-{n}")
-    s = pilot(spec, sets, {**overrides, "train.lr": lr * lr_scale}, n, d, 20 if wsd else 4)
+    d = os.path.join(work, "pilots", f"{name}-lr{lr_scale:g}-{n}" + ("" if seed is None else f"-seed{seed}"))
+    seeded = {} if seed is None else {"train.seed": seed}
+    s = pilot(spec, sets, {**overrides, **seeded, "train.lr": lr * lr_scale}, n, d, 20 if wsd else 4)
     record["pilots"].append({"model": name, "lr_scale": lr_scale, "steps": n, "total_flops": s["total_flops"],
-                             "final_eval_loss": s["final_eval_loss"], "curve": eval_curve(read_metrics(d), 0)})
-    logging.info("pilot %s lr x%g, %d steps: loss %.4f", name, lr_scale, n, s["final_eval_loss"])
+                             "final_eval_loss": s["final_eval_loss"], "curve": eval_curve(read_metrics(d), 0),
+                             **({} if seed is None else {"seed": seed})})
+    logging.info("pilot %s lr x%g, %d steps%s: loss %.4f", name, lr_scale, n,
+                 "" if seed is None else f", seed {seed}", s["final_eval_loss"])
     return s
 
   target_curve = None
@@ -172,6 +182,8 @@ def main(argv):
     for scale in [float(x) for x in _LR_SCALES.value]:
       for n in small_pilots:
         run(name, model, n, scale)
+      for seed in seeds:
+        run(name, model, small_pilots[-1], scale, seed)
     try:
       candidates.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], cycle,
                                                     model, wsd))

@@ -108,6 +108,19 @@ def test_the_plan_command_runs_pilots_and_writes_a_config_the_driver_runs(tmp_pa
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "final eval loss" in run.stdout
+  # Another seed of the candidate's longest pilot (the config's own seed, 42, is not run twice): its budget counts as
+  # the two seeds' mean.
+  import json
+  seeded = subprocess.run(cmd + ["--pilot_seeds=42,7"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+  assert seeded.returncode == 0, seeded.stderr[-3000:]
+  with open(tmp_path / "plan.json") as f:
+    pilots = [p for p in json.load(f)["pilots"] if p["model"] == "halve"]
+  assert [(p["steps"], p.get("seed")) for p in pilots] == [(4, None), (8, None), (8, 7)]
+  assert pilots[2]["final_eval_loss"] != pilots[1]["final_eval_loss"]
+  c = planner.candidate_from_runs("halve", pilots)
+  assert dict(c.frontier.points)[pilots[1]["total_flops"]] == pytest.approx(
+      (pilots[1]["final_eval_loss"] + pilots[2]["final_eval_loss"]) / 2)
 
 
 def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tmp_path):
