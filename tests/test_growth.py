@@ -312,3 +312,33 @@ def test_a_candidates_seeds_pool_as_their_mean():
   bad = runs[:3] + [dict(runs[3], curve=curve(0.2)[:4])]
   with pytest.raises(ValueError, match="different FLOPs"):
     planner.candidate_from_runs("s", bad, stable=True)
+
+
+def test_a_plan_priced_on_several_seeds_reports_each_seeds_own_prediction():
+  """Pilots at two seeds: the plan is priced on their mean curve and also on each seed's, with its schedule fixed:
+  the lucky seed hands over lower and saves more, the unlucky one less, and the mean's prediction lies between."""
+  def runs(seed, shift):
+    curve = [[f, l + shift, 1e-3] for f, l in SMALL.points]  # At peak rate throughout: all of it is stable.
+    final = [{"steps": 1000 * k, "lr_scale": 2.0, "total_flops": f, "final_eval_loss": l - 0.3 + shift, "seed": seed}
+             for k, (f, l) in enumerate(SMALL.points[2::3], 1)]
+    return final + [dict(final[-1], curve=curve)]
+  c = planner.candidate_from_runs("depth", runs(42, -0.05) + runs(1, 0.05), {"cycle.width_factor": 1}, stable=True)
+  assert [s for s, _ in c.seed_stables] == [42, 1]
+  wsd = planner.Wsd(STABLE, rates={"depth": 0.9})
+  plan = planner.plan_vcycle(DECAYED, STEP, 8000, [c], wsd=wsd)
+  seeds = plan["seed_predictions"]
+  n, big = plan["small_steps"], plan["big_steps"]
+  for (seed, curve), p in zip(c.seed_stables, seeds):
+    want = growth.predict_wsd(curve, c.step_flops, n, STABLE, DECAYED, STEP, big, 8000, 0.2, 0.0, 0.9)
+    assert p["seed"] == seed and p["saving"] == want["saving"] and p["handover_loss"] == want["small_loss"]
+  lucky, unlucky = seeds
+  assert lucky["handover_loss"] < unlucky["handover_loss"] and lucky["saving"] > unlucky["saving"]
+  assert unlucky["saving"] < plan["predicted_saving"] < lucky["saving"]
+  text = planner.describe(plan)
+  assert "on the mean of 2 pilot seeds" in text and f"seed 1 {unlucky['handover_loss']:.3f}" in text
+  # A schedule whose target stage would run past the target's longest scratch run: what it saves at least.
+  far = planner.seed_predictions(c, n, 60000, wsd, DECAYED, STEP, 8000)
+  flops = n * c.step_flops + 60001 * STEP
+  assert all(p["at_least"] and p["saving"] == pytest.approx(1 - flops / DECAYED.points[-1][0]) for p in far)
+  one = planner.candidate_from_runs("depth", runs(42, 0.0), {"cycle.width_factor": 1}, stable=True)
+  assert one.seed_stables == () and "seed_predictions" not in planner.plan_vcycle(DECAYED, STEP, 8000, [one], wsd=wsd)

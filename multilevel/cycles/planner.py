@@ -49,6 +49,9 @@ class Candidate:
   model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
   stable: Frontier | None = None  # Its stable curve at ``lr_scale`` (a WSD pilot before its cool-down), for ``Wsd``.
   stable_steps: int = 0  # train.steps of the pilot whose curve ``stable`` is (its warm-up is a share of them).
+  # With pilots at several seeds, ``stable`` is their mean and these are (seed, that seed's stable curve): the plan
+  # prices its schedule on each as well, the spread a run of it may land in (``plan_vcycle``'s ``seed_predictions``).
+  seed_stables: tuple = ()
 
   @property
   def growth(self) -> str:
@@ -116,7 +119,7 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
     raise ValueError(f"Candidate {name!r} needs fully decayed runs at two budgets or more, got {sorted(best)}.")
   n, rate = min(best), best[max(best)][2]
   curved = [r for r in runs if r.get("curve") and r["lr_scale"] == rate] if stable else []
-  stable, stable_steps = None, 0
+  stable, stable_steps, seed_stables = None, 0, ()
   if curved:
     from multilevel.cycles.growth import stable_curve
     stable_steps = int(max(r["steps"] for r in curved))
@@ -131,8 +134,11 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
                        f"different FLOPs; pool runs with the same steps and --evals.")
     mean = [[grid[i], sum(c[i][1] for c in curves) / len(curves), curves[0][i][2]] for i in range(len(grid))]
     stable = stable_curve(f"{name} (stable" + (f", {len(curves)} seeds)" if len(curves) > 1 else ")"), mean)
+    if len(curves) > 1:
+      seed_stables = tuple((k, stable_curve(f"{name} (stable, seed {k})", c)) for k, c in seeds.items())
   return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n, rate,
-                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable, stable_steps)
+                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable, stable_steps,
+                   seed_stables)
 
 
 def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
@@ -377,11 +383,38 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   overrides = {**base, **START, **warm, **c.cycle, "cycle.method": "vcycle", "cycle.levels": 2,
                "cycle.small_frac": row["small_steps"] / steps, "cycle.up_fracs": (row["big_steps"] / steps,),
                "cycle.lr_scales": (1.0, c.lr_scale)}
-  return {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
-          "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
-          "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
-          "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
-          "smaller_model_alone": smaller}
+  out = {"method": f"vcycle from {c.name}", "overrides": overrides, "target_loss": target_loss, **scope,
+         "predicted_flops": row["flops"], "predicted_saving": row["saving"], "pilot_flops": pilots,
+         "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
+         "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
+         "smaller_model_alone": smaller}
+  if wsd is not None and c.seed_stables:
+    out["seed_predictions"] = seed_predictions(c, row["small_steps"], row["big_steps"], wsd, target,
+                                               target_step_flops, steps, jump)
+  return out
+
+
+def seed_predictions(c: Candidate, small_steps: int, big_steps: int, wsd: Wsd, target: Frontier,
+                     target_step_flops: float, steps: int, jump: float = 0.0) -> list[dict]:
+  """The planned WSD schedule (``small_steps`` of ``c``, then ``big_steps`` of the target) priced on each pilot
+  seed's own stable curve (``growth.predict_wsd``), where the plan itself is priced on their mean: the hand-over loss
+  and saving a run of the plan may see, seed by seed. Only the small model's seeds vary here (the target's curves
+  are one seed's), so the measured spread can be wider. Where a seed's run would get further than the target's
+  longest scratch run, its final loss is below what the frontier measures: ``saving`` is then what it saves at
+  least (against that run, ``at_least``); None where the seed's curve does not reach the hand-over."""
+  from multilevel.cycles.growth import predict_wsd
+  out = []
+  flops = small_steps * c.step_flops + (1 + big_steps) * target_step_flops
+  for seed, curve in c.seed_stables:
+    p = predict_wsd(curve, c.step_flops, small_steps, wsd.target, target, target_step_flops, big_steps, steps,
+                    wsd.cooldown_frac, jump, wsd.rate(c.growth))
+    small = curve.loss_at(small_steps * c.step_flops)
+    row = {"seed": seed, "handover_loss": small, "final_loss": p and p["final_loss"], "saving": p and p["saving"],
+           "at_least": False}
+    if p is None and small is not None and wsd.target.cost(small + jump) is not None:
+      row.update(saving=1 - flops / target.points[-1][0], at_least=True)
+    out.append(row)
+  return out
 
 
 def _small_warmup(c: Candidate, wsd: Wsd | None, small_steps: int) -> dict:
@@ -472,6 +505,13 @@ def describe(plan: dict) -> str:
                  f"pilot of that model may find a later, better one")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  seeds = plan.get("seed_predictions")
+  if seeds:
+    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + (
+        "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%")
+    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
+                 f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
+                                          for p in seeds) + ": a run of this plan may land anywhere in that spread")
   if plan.get("no_overlap"):
     lines.append(f"why scratch: {plan['why']}")
   a = plan.get("smaller_model_alone")
