@@ -23,6 +23,8 @@ from typing import Sequence
 
 from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost  # noqa: F401  (the planner's public names)
 from multilevel.cycles.growth import handover_jumps, mean_jump  # noqa: F401
+from multilevel.cycles.pilots import (Candidate, candidate_from_bound, candidate_from_runs,  # noqa: F401
+                                      target_from_saving, target_stable_from_saving)
 
 
 # ------------------------------------------------------------------------------------------------ the V-cycle plan
@@ -32,33 +34,6 @@ def model_overrides(target, level) -> dict:
   """``model.*`` config keys that turn the target's ``ModelConfig`` into ``level``'s (the fields that differ)."""
   return {f"model.{f.name}": getattr(level, f.name) for f in dataclasses.fields(level)
           if getattr(level, f.name) != getattr(target, f.name)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-  """A smaller model the target can grow from: its frontier, the FLOPs of one of its steps, the peak learning rate
-  its pilots found best (a multiple of the target's), and the ``cycle`` overrides that make the V-cycle's small level
-  this model (e.g. ``{"cycle.width_factor": 1}`` for depth-only halving)."""
-
-  name: str
-  frontier: Frontier
-  step_flops: float
-  lr_scale: float
-  cycle: dict = dataclasses.field(default_factory=dict)
-  pilot_flops: float = 0.0
-  model: dict = dataclasses.field(default_factory=dict)  # ``model.*`` overrides that make the target this model.
-  stable: Frontier | None = None  # Its stable curve at ``lr_scale`` (a WSD pilot before its cool-down), for ``Wsd``.
-  stable_steps: int = 0  # train.steps of the pilot whose curve ``stable`` is (its warm-up is a share of them).
-  # With pilots at several seeds, ``stable`` is their mean and these are (seed, that seed's stable curve): the plan
-  # prices its schedule on each as well, the spread a run of it may land in (``plan_vcycle``'s ``seed_predictions``).
-  seed_stables: tuple = ()
-
-  @property
-  def growth(self) -> str:
-    """The axes the target grows in from this model: 'depth' (it halves depth only), 'width' or 'both'."""
-    if int(self.cycle.get("cycle.width_factor", 2)) == 1:
-      return "depth"
-    return "width" if int(self.cycle.get("cycle.depth_factor", 2)) == 1 else "both"
 
 
 GROWTHS = ("depth", "width", "both")
@@ -90,106 +65,6 @@ class Wsd:
 
   def rate(self, growth: str) -> float:
     return float(self.rates.get(growth, 1.0))
-
-
-def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = None,
-                        model: dict | None = None, stable: bool = False) -> Candidate:
-  """A candidate from its fully decayed runs (``steps``, ``lr_scale``, ``total_flops``, ``final_eval_loss`` each):
-  the best learning rate at each budget is its frontier, the one that won at the longest budget its rate (the small
-  stage is about that long or shorter), and every run counts as pilot cost. With ``stable``, runs with a ``curve``
-  (``[FLOPs, eval loss, learning rate]`` rows of a WSD run) give the stable curve: the longest one's at that rate.
-
-  Runs may name their ``seed``: a budget and rate run at several seeds counts as the mean of its seeds (of one seed's
-  repeats, the lowest), and so does the stable curve (the seeds' longest curves at the rate, averaged evaluation by
-  evaluation), so a plan prices the small model's mean behaviour rather than one seed's luck."""
-  by_seed: dict[tuple, tuple] = {}
-  for r in runs:
-    key = (r["steps"], r["lr_scale"], r.get("seed"))
-    if key not in by_seed or r["final_eval_loss"] < by_seed[key][1]:
-      by_seed[key] = (r["total_flops"], r["final_eval_loss"])
-  pooled: dict[tuple, list] = {}
-  for (steps, scale, _), v in by_seed.items():
-    pooled.setdefault((steps, scale), []).append(v)
-  best: dict[int, tuple] = {}
-  for (steps, scale), vs in pooled.items():
-    f, l = sum(v[0] for v in vs) / len(vs), sum(v[1] for v in vs) / len(vs)
-    if steps not in best or l < best[steps][1]:
-      best[steps] = (f, l, scale)
-  if len(best) < 2:
-    raise ValueError(f"Candidate {name!r} needs fully decayed runs at two budgets or more, got {sorted(best)}.")
-  n, rate = min(best), best[max(best)][2]
-  curved = [r for r in runs if r.get("curve") and r["lr_scale"] == rate] if stable else []
-  stable, stable_steps, seed_stables = None, 0, ()
-  if curved:
-    from multilevel.cycles.growth import stable_curve
-    stable_steps = int(max(r["steps"] for r in curved))
-    seeds: dict = {}
-    for r in curved:
-      if r["steps"] == stable_steps:
-        seeds.setdefault(r.get("seed"), r["curve"])
-    curves = list(seeds.values())
-    grid = [p[0] for p in curves[0]]
-    if any([p[0] for p in c] != grid for c in curves[1:]):
-      raise ValueError(f"Candidate {name!r}: the {len(curves)} seeds' {stable_steps}-step curves were evaluated at "
-                       f"different FLOPs; pool runs with the same steps and --evals.")
-    mean = [[grid[i], sum(c[i][1] for c in curves) / len(curves), curves[0][i][2]] for i in range(len(grid))]
-    stable = stable_curve(f"{name} (stable" + (f", {len(curves)} seeds)" if len(curves) > 1 else ")"), mean)
-    if len(curves) > 1:
-      seed_stables = tuple((k, stable_curve(f"{name} (stable, seed {k})", c)) for k, c in seeds.items())
-  return Candidate(name, Frontier(name, tuple((f, l) for f, l, _ in best.values())), best[n][0] / n, rate,
-                   dict(cycle or {}), sum(r["total_flops"] for r in runs), dict(model or {}), stable, stable_steps,
-                   seed_stables)
-
-
-def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
-  """The target's frontier, the FLOPs of one of its steps and the frontier's total cost, from the scratch runs in
-  ``benchmarks.saving`` results files."""
-  budgets = []
-  for p in paths:
-    with open(p) as f:
-      budgets += json.load(f)["budgets"]
-  if not budgets:
-    raise ValueError(f"no budgets in {list(paths)}")
-  pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
-  return Frontier("target", pts), budgets[0]["scratch"]["total_flops"] / budgets[0]["steps"], sum(f for f, _ in pts)
-
-
-def target_stable_from_saving(paths: Sequence[str], cooldown_frac: float) -> Frontier:
-  """The target's stable curve from the longest WSD scratch run in ``benchmarks.saving`` results files (its curve
-  before the cool-down, the last ``cooldown_frac`` of it)."""
-  from multilevel.cycles.growth import stable_from_scratch_curve
-  budgets = []
-  for p in paths:
-    with open(p) as f:
-      budgets += [b for b in json.load(f)["budgets"] if b.get("scratch_curve")]
-  if not budgets:
-    raise ValueError(f"no scratch curve in {list(paths)}: run benchmarks.saving (it writes one per budget).")
-  b = max(budgets, key=lambda b: b["steps"])
-  return stable_from_scratch_curve("target (stable)", b["scratch_curve"], b["scratch"]["total_flops"], cooldown_frac)
-
-
-def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool = False) -> Candidate:
-  """A candidate from a ``benchmarks.bound`` level-run file (its runs at each budget and learning rate; its
-  ``cycle.*`` settings name it and make the V-cycle's small level this model). ``'a.json+b.json'`` pools one model's
-  files (e.g. run with different base rates). Each run's ``lr_scale`` is relative to its file's ``base_lr``; the
-  candidate's is made relative to ``base_lr`` (the planned run's ``train.lr``; default the first file's)."""
-  files = []
-  for p in path.split("+"):
-    with open(p) as f:
-      files.append(json.load(f))
-  d = files[0]
-  if any(f.get("model") != d.get("model") for f in files):
-    raise ValueError(f"{path}: the files ran different models; pool one model's level runs only.")
-  base = float(base_lr or d.get("base_lr") or 1.0)
-  # A file's train.seed (its --set) names the seed of its runs: several seeds of one model pool as their mean.
-  runs = [dict(r, lr_scale=r["lr_scale"] * float(f.get("base_lr") or base) / base,
-               seed=r.get("seed", f.get("set", {}).get("train.seed"))) for f in files for r in f["runs"]]
-  cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
-  name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
-  try:
-    return candidate_from_runs(name, runs, cycle, d.get("model", {}), stable)
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
 
 
 # Split noise of a planned V-cycle (relative, zero-sum over each group of copies): GPT's measured value
