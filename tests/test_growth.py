@@ -307,6 +307,10 @@ def test_a_candidates_seeds_pool_as_their_mean():
   c = planner.candidate_from_runs("s", runs, stable=True)
   assert dict(c.frontier.points)[5e11] == pytest.approx(4.1) and dict(c.frontier.points)[1e11] == 5.0
   assert c.stable.points[2] == (3e11, pytest.approx(4.7)) and c.stable_steps == 500 and "2 seeds" in c.stable.name
+  # A seed named by a --set value (a string) is the same seed: its repeat keeps the lower loss, not a third seed.
+  again = planner.candidate_from_runs("s", runs + [dict(runs[3], seed="1", final_eval_loss=4.1, curve=None)],
+                                      stable=True)
+  assert dict(again.frontier.points)[5e11] == pytest.approx(4.05) and [k for k, _ in again.seed_stables] == [42, 1]
   one = planner.candidate_from_runs("s", runs[:3], stable=True)  # One seed: as before, its best run.
   assert dict(one.frontier.points)[5e11] == 4.0 and one.stable.points[2] == (3e11, pytest.approx(4.6))
   bad = runs[:3] + [dict(runs[3], curve=curve(0.2)[:4])]

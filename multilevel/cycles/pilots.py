@@ -54,9 +54,10 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
   Runs may name their ``seed``: a budget and rate run at several seeds counts as the mean of its seeds (of one seed's
   repeats, the lowest), and so does the stable curve (the seeds' longest curves at the rate, averaged evaluation by
   evaluation), so a plan prices the small model's mean behaviour rather than one seed's luck."""
+  seed_of = lambda r: None if r.get("seed") is None else int(r["seed"])  # (A --set value is a string: "1" is 1.)
   by_seed: dict[tuple, tuple] = {}
   for r in runs:
-    key = (r["steps"], r["lr_scale"], r.get("seed"))
+    key = (r["steps"], r["lr_scale"], seed_of(r))
     if key not in by_seed or r["final_eval_loss"] < by_seed[key][1]:
       by_seed[key] = (r["total_flops"], r["final_eval_loss"])
   pooled: dict[tuple, list] = {}
@@ -78,7 +79,7 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
     seeds: dict = {}
     for r in curved:
       if r["steps"] == stable_steps:
-        seeds.setdefault(r.get("seed"), r["curve"])
+        seeds.setdefault(seed_of(r), r["curve"])
     curves = list(seeds.values())
     grid = [p[0] for p in curves[0]]
     if any([p[0] for p in c] != grid for c in curves[1:]):

@@ -6,7 +6,7 @@ then trains for the steps its frontier still needs from there, the coalescing st
 does not interpolate with that step's snapshot (``w_pre = 0``). Its
 prediction is the bound's, so a measured run of the plan says how close a real hand-over comes to a lossless one
 (``benchmarks/bound.py`` measures both). The frontiers come from pilot runs (``experiments/plan.py`` runs and caches
-them); their FLOPs are a cost of the plan and are reported beside its saving, not hidden in it.
+them; ``multilevel.cycles.pilots`` reads them); their FLOPs are a cost of the plan and are reported beside its saving, not hidden in it.
 
 Under one warm-up-stable-decay schedule (``train.decay='wsd'``) the smaller stages hand over at their peak rate, not
 decayed: give ``plan_vcycle`` a ``Wsd`` (the target's stable curve, each candidate's in ``Candidate.stable``, and
