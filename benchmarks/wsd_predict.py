@@ -70,6 +70,7 @@ def measure(a) -> dict:
                    "predicted_handover_loss": None if new is None else new["small_loss"],
                    "measured_final": v["final_eval_loss"], "scratch_final": b["scratch"]["final_eval_loss"],
                    "predicted_final_wsd": None if new is None else new["final_loss"],
+                   "predicted_past_frontier": bool(new and new["at_least"]),
                    "predicted_final_frontiers": None if old is None else old["final_loss"]})
   return {"command": cli.command("benchmarks.wsd_predict"), "rate": a.rate, "rows": rows}
 
@@ -81,7 +82,8 @@ def table(d: dict) -> str:
   for r in d["rows"]:
     lines.append(f"| {r['file']}:{r['variant']} | {r['steps']} | {r['small_steps']} / {r['big_steps']} | "
                  f"{r['handover_loss']:.4f} ({f(r['predicted_handover_loss'])}) | {r['measured_final']:.4f} | "
-                 f"{f(r['predicted_final_wsd'])} | {f(r['predicted_final_frontiers'])} | {r['scratch_final']:.4f} |")
+                 f"{'below the frontier' if r.get('predicted_past_frontier') else f(r['predicted_final_wsd'])} | "
+                 f"{f(r['predicted_final_frontiers'])} | {r['scratch_final']:.4f} |")
   return "\n".join(lines)
 
 

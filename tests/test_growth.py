@@ -86,7 +86,12 @@ def test_the_predicted_run_of_a_wsd_plan_ends_at_scratchs_loss():
   # Fewer target steps than the plan's end above scratch's loss.
   short = growth.predict_wsd(SMALL, STEP / 4, r["steps"][0], STABLE, DECAYED, STEP, r["big_steps"] - 500, steps, 0.2,
                              rate=0.6)
-  assert short["final_loss"] > DECAYED.loss_at(steps * STEP) + 0.02
+  assert short["final_loss"] > DECAYED.loss_at(steps * STEP) + 0.02 and not short["at_least"]
+  # A target stage that runs past scratch's longest run: no loss to read, only what it saves at least.
+  far = growth.predict_wsd(SMALL, STEP / 4, r["steps"][0], STABLE, DECAYED, STEP, 60000, steps, 0.2, rate=0.6)
+  last = DECAYED.points[-1][0]
+  assert far["at_least"] and far["final_loss"] is None
+  assert far["saving"] == pytest.approx(1 - far["flops"] / last) and far["flops"] > last
 
 
 def test_a_three_level_wsd_chain_prices_each_growth_with_its_rate():

@@ -210,7 +210,8 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
   ``big_steps`` target steps, the last ``cooldown_frac`` of ``steps`` of them cooling down; before the cool-down it
   moves along its stable curve at ``rate``, and the cool-down ends where scratch's does from that position (on the
   target's frontier ``target``). Returns the predicted final loss, FLOPs and saving; None where a curve does not
-  reach."""
+  reach. Where the run would end past the target's longest scratch run, its final loss lies below what the frontier
+  measures: ``final_loss`` is then None and ``saving`` what it saves at least (against that run; ``at_least``)."""
   f_small = small_steps * small_step_flops
   l_small = small.loss_at(f_small)
   land = None if l_small is None else target_stable.cost(l_small + jump)
@@ -218,9 +219,11 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
     return None
   cool = min(max(1, round(cooldown_frac * steps)), big_steps)
   end = land + rate * (big_steps - cool) * target_step_flops + cool * target_step_flops
-  loss = target.loss_at(end)
-  if loss is None:
-    return None
   flops = f_small + (1 + big_steps) * target_step_flops
-  return {"small_loss": l_small, "landing_loss": l_small + jump, "landing_flops": land, "final_loss": loss,
-          "flops": flops, "saving": 1 - flops / target.cost(loss)}
+  loss = target.loss_at(end)
+  out = {"small_loss": l_small, "landing_loss": l_small + jump, "landing_flops": land, "flops": flops}
+  if loss is not None:
+    return {**out, "final_loss": loss, "saving": 1 - flops / target.cost(loss), "at_least": False}
+  if end < target.points[-1][0]:
+    return None  # Before the frontier's first point: nothing to read.
+  return {**out, "final_loss": None, "saving": 1 - flops / target.points[-1][0], "at_least": True}

@@ -279,16 +279,11 @@ def seed_predictions(c: Candidate, small_steps: int, big_steps: int, wsd: Wsd, t
   least (against that run, ``at_least``); None where the seed's curve does not reach the hand-over."""
   from multilevel.cycles.growth import predict_wsd
   out = []
-  flops = small_steps * c.step_flops + (1 + big_steps) * target_step_flops
   for seed, curve in c.seed_stables:
     p = predict_wsd(curve, c.step_flops, small_steps, wsd.target, target, target_step_flops, big_steps, steps,
                     wsd.cooldown_frac, jump, wsd.rate(c.growth))
-    small = curve.loss_at(small_steps * c.step_flops)
-    row = {"seed": seed, "handover_loss": small, "final_loss": p and p["final_loss"], "saving": p and p["saving"],
-           "at_least": False}
-    if p is None and small is not None and wsd.target.cost(small + jump) is not None:
-      row.update(saving=1 - flops / target.points[-1][0], at_least=True)
-    out.append(row)
+    out.append({"seed": seed, "handover_loss": curve.loss_at(small_steps * c.step_flops),
+                "final_loss": p and p["final_loss"], "saving": p and p["saving"], "at_least": bool(p and p["at_least"])})
   return out
 
 
