@@ -30,7 +30,8 @@ COLUMNS: dict[str, saving.Cell] = {
     "final loss (scratch)": saving.COLUMNS["final loss (scratch)"],
     "FLOPs used": lambda b, name, v: f"{v['flops_ratio_total']:.2f}x",
     "to reach scratch: FLOPs / s saved": lambda b, name, v: (f"{pct(v['flops_saving'])} / {pct(v['seconds_saving'])}"
-                                                             if v["reached"] else "not reached"),
+                                                             if v["reached"] else
+                                                             "n/a" if v["reached"] is None else "not reached"),
     "frontier: FLOPs / s saved":
         lambda b, name, v: (f"{pct(v['frontier_flops_saving'])}{spread(v, 'frontier_flops_saving')} / "
                             f"{pct(v['frontier_seconds_saving'])}{spread(v, 'frontier_seconds_saving')}"),

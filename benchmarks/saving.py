@@ -385,7 +385,9 @@ COLUMNS: dict[str, Cell] = {
     "final loss (scratch)": lambda b, name, v: f"{v['final_eval_loss']:.3f} ({b['scratch']['final_eval_loss']:.3f})",
     "FLOPs saved": lambda b, name, v: fmt(v["flops_saving"], True),
     "seconds saved": lambda b, name, v: fmt(v["seconds_saving"], True),
-    "loss diff at equal FLOPs": lambda b, name, v: f"{v['equal_flops_loss_diff']:+.3f}",
+    # None where the curves were dropped (benchmarks.final_eval: final losses of another evaluation set).
+    "loss diff at equal FLOPs": lambda b, name, v: ("n/a" if v.get("equal_flops_loss_diff") is None
+                                                    else f"{v['equal_flops_loss_diff']:+.3f}"),
 }
 
 
