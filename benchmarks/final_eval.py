@@ -16,7 +16,9 @@ off them (savings "to reach", the loss at equal FLOPs): read the copy's savings 
 
 A run's workdir is found in the ``--workroot`` given for its file (``<family>-<steps>-<variant>``); a scratch run
 reused from another file (``benchmarks.saving --scratch_from``) in any of the workroots, where its run ended at the
-loss the file records.
+loss the file records. Level-run files of ``benchmarks.bound`` (smaller models alone, for ``analyze_saving
+--envelope``) are read the same way (``<family>-L<level>-lr<scale>-<steps>``). Nothing is written until every run
+has been evaluated; each copy is written atomically.
 """
 
 from __future__ import annotations
@@ -66,8 +68,15 @@ def evaluate_run(workdir: str, eval_batches: int) -> dict:
   train_iter.close()
   mesh = make_mesh(run.train.mesh, 1)
   fn = eval_step(StepConfig(model, objective_config(run, model, info), 1, run.train.seed), mesh)
-  out = Evaluator(batches, mesh)(fn, params)
-  out["examples"] = sum(len(next(iter(b.values()))) for b in batches())
+  rows = []
+
+  def counted():  # The examples evaluated, counted on the one pass the evaluation makes.
+    for b in batches():
+      rows.append(len(next(iter(b.values()))))
+      yield b
+
+  out = Evaluator(counted, mesh)(fn, params)
+  out["examples"] = sum(rows)
   return out
 
 
@@ -102,32 +111,45 @@ def _redo(entry: dict, new: dict) -> None:
 def measure(a) -> dict:
   if not a.results or len(a.results) != len(a.workroot):
     raise app.UsageError("Give --results and one --workroot per results file.")
-  done, written = {}, []
+  from multilevel.files import write_json_atomic
+  done, copies, written = {}, [], []
   for path, root in zip(a.results, a.workroot):
     mine = []
     with open(path) as f:
       d = json.load(f)
-    for b in d["budgets"]:
-      for name, entry, own in [("scratch", b["scratch"], "from" not in b["scratch"] and "scratch_from" not in b)] + [
-          (v, e, True) for v, e in b.get("variants", {}).items()]:
-        wd = _find(f"{d['family']}-{b['steps']}-{name}", [root] if own else list(a.workroot),
-                   None if own else entry["final_eval_loss"])
-        if wd not in done:
-          done[wd] = evaluate_run(wd, a.eval_batches)
-          logging.info("%s: %.4f on %d examples (the run's own evaluation: %.4f)", wd, done[wd]["eval_loss"],
-                       done[wd]["examples"], entry["final_eval_loss"])
-        _redo(entry, done[wd])
-        mine.append(wd)
+    for name, entry, own in _entries(d):
+      wd = _find(name, [root] if own else list(a.workroot), None if own else entry["final_eval_loss"])
+      if wd not in done:
+        done[wd] = evaluate_run(wd, a.eval_batches)
+        logging.info("%s: %.4f on %d examples (the run's own evaluation: %.4f)", wd, done[wd]["eval_loss"],
+                     done[wd]["examples"], entry["final_eval_loss"])
+      _redo(entry, done[wd])
+      mine.append(wd)
+    for b in d.get("budgets", []):
       b.pop("scratch_curve", None)
     d["final_eval"] = {"command": cli.command("benchmarks.final_eval"), "eval_batches": a.eval_batches,
-                       "examples": next(iter(done.values()))["examples"],
+                       "examples": done[mine[0]]["examples"],
                        "note": "final_eval_loss re-evaluated on more held-out data; curves and the figures read off "
                                "them dropped (they are of the runs' own, smaller evaluation set)"}
     out = path[:-len(".json")] + a.out_suffix + ".json" if path.endswith(".json") else path + a.out_suffix
-    with open(out, "w") as f:
-      json.dump(d, f, indent=1)
+    copies.append((out, d))
     written.append({"file": out, "runs": [(w, done[w]) for w in mine]})
+  for out, d in copies:  # Only once every run has been evaluated.
+    write_json_atomic(out, d)
   return {"command": cli.command("benchmarks.final_eval"), "written": written}
+
+
+def _entries(d: dict):
+  """(workdir name, entry, whether the run is the file's own) of every run in a results file: a saving benchmark's
+  scratch and variants per budget, or a ``benchmarks.bound`` file's level runs."""
+  if "runs" in d:
+    for r in d["runs"]:
+      yield f"{d['family']}-L{d['level']}-lr{r['lr_scale']:g}-{r['steps']}", r, True
+    return
+  for b in d["budgets"]:
+    yield f"{d['family']}-{b['steps']}-scratch", b["scratch"], "scratch_from" not in b
+    for v, e in b.get("variants", {}).items():
+      yield f"{d['family']}-{b['steps']}-{v}", e, True
 
 
 def table(d: dict) -> str:

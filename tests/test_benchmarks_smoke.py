@@ -401,34 +401,3 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
   assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)
 
-
-def test_final_eval_reproduces_a_runs_own_evaluation_and_rewrites_its_results_on_more_data(tmp_path):
-  """benchmarks.final_eval re-reads a finished run's parameters: on the run's own evaluation batches it gives the
-  run's final eval loss back; on more batches the results copy carries the new loss, keeps the run's own, and drops
-  the curves (of the smaller set) and what was read off them."""
-  import types
-
-  from benchmarks import final_eval
-  from multilevel.cycles.driver import train_and_evaluate
-  from tests.engine_util import tiny_config
-  root = tmp_path / "root"
-  wd = str(root / "deit-6-scratch")
-  s = train_and_evaluate(tiny_config("deit", levels=1, **{"train.steps": 6, "data.max_eval_batches": 2}), wd)
-  own = final_eval.evaluate_run(wd, 2)
-  assert own["eval_loss"] == pytest.approx(s["final_eval_loss"], abs=1e-6) and own["examples"] == 2 * 16
-  path = str(tmp_path / "res.json")
-  with open(path, "w") as f:
-    json.dump({"family": "deit", "model_overrides": {}, "budgets": [
-        {"steps": 6, "scratch": {"final_eval_loss": s["final_eval_loss"], "total_flops": s["total_flops"]},
-         "scratch_curve": [[1.0, 1.0, 2.0]],
-         "variants": {}}]}, f)
-  a = types.SimpleNamespace(results=[path], workroot=[str(root)], eval_batches=4, out_suffix="_full", out="")
-  d = final_eval.measure(a)
-  more = final_eval.evaluate_run(wd, 4)
-  with open(str(tmp_path / "res_full.json")) as f:
-    b = json.load(f)["budgets"][0]
-  assert b["scratch"]["final_eval_loss"] == more["eval_loss"] != s["final_eval_loss"]
-  assert b["scratch"]["final_eval_loss_run"] == s["final_eval_loss"] and "scratch_curve" not in b
-  assert d["written"][0]["runs"][0][1]["examples"] == 4 * 16
-  with pytest.raises(FileNotFoundError, match="No finished run deit-6-scratch"):
-    final_eval.measure(types.SimpleNamespace(**{**vars(a), "workroot": [str(tmp_path / "elsewhere")]}))
