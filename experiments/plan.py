@@ -22,7 +22,6 @@ Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKD
 
 from __future__ import annotations
 
-import json
 import os
 import pprint
 import sys
@@ -205,12 +204,10 @@ def main(argv):
     raise app.UsageError(str(e)) from None
   print(planner.describe(plan))
   record["plan"] = plan
-  os.makedirs(work, exist_ok=True)
-  with open(os.path.join(work, "plan.json"), "w") as f:
-    json.dump(record, f, indent=1)
+  from multilevel.files import write_json_atomic, write_text_atomic  # Whole or not at all.
+  write_json_atomic(os.path.join(work, "plan.json"), record)
   config_path = os.path.join(work, "plan_config.py")
-  with open(config_path, "w") as f:
-    f.write(config_file(spec, sets, plan))
+  write_text_atomic(config_path, config_file(spec, sets, plan))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
 
 

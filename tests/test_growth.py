@@ -217,6 +217,24 @@ def test_a_wsd_hand_over_at_the_end_of_a_measured_curve_is_flagged():
   assert p["candidates"][0]["curve_end"] == [] and "at the end of" not in planner.describe(p)
 
 
+def test_a_wsd_candidate_whose_curve_starts_past_the_cool_down_gives_scratch_and_says_to_evaluate_earlier():
+  # At 8000 steps scratch's cool-down starts at step 6400, where the target's stable curve stands at 3.92. A small
+  # model whose first evaluation is already at 3.8 (far cheaper than the target there) leaves no loss to hand over at.
+  edge = STABLE.loss_at(6400 * STEP)
+  late = candidate("depth", loglinear("d", 3.8, 3.5, 2 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [late], wsd=planner.Wsd(STABLE))
+  assert p["method"] == "scratch" and p["no_overlap"] == ["depth"]
+  assert f"starts below {edge:.4f}" in p["why"] and "depth's at 3.8000" in p["why"] and "--evals" in p["why"]
+  assert "why scratch: the stable curve of depth starts below" in planner.describe(p)
+  # The same model evaluated from a higher loss on is planned.
+  early = candidate("depth", loglinear("d", 4.5, 3.5, 2 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  assert planner.plan_vcycle(DECAYED, STEP, 8000, [early], wsd=planner.Wsd(STABLE))["method"] == "vcycle from depth"
+  # A candidate that overlaps but saves nothing is scratch for the other reason, with nothing to re-measure.
+  dear = candidate("depth", loglinear("d", 6.0, 3.5, 400 * STEP, 2.4), STEP, {"cycle.width_factor": 1})
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [dear], wsd=planner.Wsd(STABLE))
+  assert p["method"] == "scratch" and p["no_overlap"] == [] and "no candidate hands over for less" in p["why"]
+
+
 def test_the_growth_rates_benchmark_reads_a_variants_rate_off_its_curve(tmp_path):
   import types
   from benchmarks import growth_rates

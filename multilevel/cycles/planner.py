@@ -238,15 +238,15 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   if best is None or best[1]["saving"] <= 0:
     # A candidate whose every measured loss lies below the lowest the search reaches never overlaps the target's
     # frontier: no hand-over can be priced, which says nothing about whether one pays. Say what to measure.
-    below = [] if wsd is not None else [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
-    why = ("under WSD no candidate hands over for less: either no candidate's stable curve is cheaper than the "
-           "target's at a loss the target's stable curve measures before scratch's cool-down, or the growth rates "
-           "take back what it saves" if wsd is not None else
-           "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
-           f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches (down to "
-           f"{target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses (longer "
-           f"--target_pilots, up to the budget of {steps} steps) or the candidates to higher ones (shorter "
-           f"--small_pilots)")
+    if wsd is not None:
+      below, why = _wsd_no_overlap(candidates, wsd, steps, target_step_flops, jump)
+    else:
+      below = [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
+      why = ("no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
+             f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches (down to "
+             f"{target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses (longer "
+             f"--target_pilots, up to the budget of {steps} steps) or the candidates to higher ones (shorter "
+             f"--small_pilots)")
     return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
             "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller, "why": why,
@@ -267,6 +267,28 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
     out["seed_predictions"] = seed_predictions(c, row["small_steps"], row["big_steps"], wsd, target,
                                                target_step_flops, steps, jump)
   return out
+
+
+def _wsd_no_overlap(candidates: Sequence[Candidate], wsd: Wsd, steps: int, target_step_flops: float,
+                    jump: float) -> tuple[list[str], str]:
+  """Why no WSD hand-over could be priced: the candidates whose stable curve starts (its first evaluation) below the
+  loss that lands the target where scratch's cool-down starts, and the reason in words. A hand-over is priced only at
+  a loss both curves measure and that lands before that point, so such a candidate, however cheap, has no loss left
+  to hand over at: its pilot must be evaluated earlier."""
+  cool = max(1, round(wsd.cooldown_frac * steps))
+  edge = wsd.target.loss_at((steps - cool) * target_step_flops)
+  late = [] if edge is None else [c for c in candidates if c.stable.loss_range[1] < edge - jump]
+  if not late:
+    return [], ("under WSD no candidate hands over for less: either no candidate's stable curve is cheaper than the "
+                "target's at a loss the target's stable curve measures before scratch's cool-down, or the growth rates "
+                "take back what it saves")
+  starts = ", ".join(f"{c.name}'s at {c.stable.loss_range[1]:.4f} (after {c.stable.points[0][0]:.3g} FLOPs)"
+                     for c in late)
+  return [c.name for c in late], (
+      f"the stable curve of {', '.join(c.name for c in late)} starts below {edge - jump:.4f}, the loss a hand-over "
+      f"must be made at for the target to land before scratch's cool-down starts (step {steps - cool} of {steps}): "
+      f"{starts}. So no loss is left that both curves measure; evaluate those pilots earlier (more evaluations, e.g. "
+      f"benchmarks.bound --evals=40, or a shorter pilot) and plan again")
 
 
 def seed_predictions(c: Candidate, small_steps: int, big_steps: int, wsd: Wsd, target: Frontier,
