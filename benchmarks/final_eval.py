@@ -16,7 +16,9 @@ off them (savings "to reach", the loss at equal FLOPs): read the copy's savings 
 
 A run's workdir is found in the ``--workroot`` given for its file (``<family>-<steps>-<variant>``); a scratch run
 reused from another file (``benchmarks.saving --scratch_from``) in any of the workroots, where its run ended at the
-loss the file records. Level-run files of ``benchmarks.bound`` (smaller models alone, for ``analyze_saving
+loss the file records, or else in that file's own copy (``<file><out_suffix>.json``, written by an earlier call at the
+same ``--eval_batches``), which already holds its new loss: a frontier re-evaluated once serves every method run
+against it later, after its workdirs are gone. Level-run files of ``benchmarks.bound`` (smaller models alone, for ``analyze_saving
 --envelope``) are read the same way (``<family>-L<level>-lr<scale>-<steps>``). Nothing is written until every run
 has been evaluated; each copy is written atomically.
 """
@@ -24,6 +26,7 @@ has been evaluated; each copy is written atomically.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from absl import app, flags, logging
@@ -114,21 +117,30 @@ def measure(a) -> dict:
   from multilevel.files import write_json_atomic
   done, copies, written = {}, [], []
   for path, root in zip(a.results, a.workroot):
-    mine = []
+    mine, examples = [], []
     with open(path) as f:
       d = json.load(f)
-    for name, entry, own in _entries(d):
-      wd = _find(name, [root] if own else list(a.workroot), None if own else entry["final_eval_loss"])
+    for name, entry, own, budget in _entries(d):
+      try:
+        wd = _find(name, [root] if own else list(a.workroot), None if own else entry["final_eval_loss"])
+      except FileNotFoundError:
+        earlier = None if own else _from_copy(budget, entry, a.out_suffix, a.eval_batches)
+        if earlier is None:
+          raise
+        _redo(entry, earlier)
+        examples.append(earlier["examples"])
+        continue
       if wd not in done:
         done[wd] = evaluate_run(wd, a.eval_batches)
         logging.info("%s: %.4f on %d examples (the run's own evaluation: %.4f)", wd, done[wd]["eval_loss"],
                      done[wd]["examples"], entry["final_eval_loss"])
       _redo(entry, done[wd])
       mine.append(wd)
+      examples.append(done[wd]["examples"])
     for b in d.get("budgets", []):
       b.pop("scratch_curve", None)
     d["final_eval"] = {"command": cli.command("benchmarks.final_eval"), "eval_batches": a.eval_batches,
-                       "examples": done[mine[0]]["examples"],
+                       "examples": examples[0],
                        "note": "final_eval_loss re-evaluated on more held-out data; curves and the figures read off "
                                "them dropped (they are of the runs' own, smaller evaluation set)"}
     out = path[:-len(".json")] + a.out_suffix + ".json" if path.endswith(".json") else path + a.out_suffix
@@ -140,16 +152,36 @@ def measure(a) -> dict:
 
 
 def _entries(d: dict):
-  """(workdir name, entry, whether the run is the file's own) of every run in a results file: a saving benchmark's
-  scratch and variants per budget, or a ``benchmarks.bound`` file's level runs."""
+  """(workdir name, entry, whether the run is the file's own, its budget) of every run in a results file: a saving
+  benchmark's scratch and variants per budget, or a ``benchmarks.bound`` file's level runs (budget None)."""
   if "runs" in d:
     for r in d["runs"]:
-      yield f"{d['family']}-L{d['level']}-lr{r['lr_scale']:g}-{r['steps']}", r, True
+      yield f"{d['family']}-L{d['level']}-lr{r['lr_scale']:g}-{r['steps']}", r, True, None
     return
   for b in d["budgets"]:
-    yield f"{d['family']}-{b['steps']}-scratch", b["scratch"], "scratch_from" not in b
+    yield f"{d['family']}-{b['steps']}-scratch", b["scratch"], "scratch_from" not in b, b
     for v, e in b.get("variants", {}).items():
-      yield f"{d['family']}-{b['steps']}-{v}", e, True
+      yield f"{d['family']}-{b['steps']}-{v}", e, True, b
+
+
+def _from_copy(budget: dict, entry: dict, suffix: str, eval_batches: int) -> dict | None:
+  """The new evaluation of a scratch run reused from another results file, read from that file's copy: the same
+  budget's scratch there, whose run ended at the loss ``entry`` records, evaluated on as many batches. None if there
+  is no such copy or run."""
+  src = budget.get("scratch_from")
+  copy = None if not src else (src[:-len(".json")] if src.endswith(".json") else src) + suffix + ".json"
+  if copy is None or not os.path.exists(copy):
+    return None
+  with open(copy) as f:
+    d = json.load(f)
+  if d.get("final_eval", {}).get("eval_batches") != eval_batches:
+    return None
+  for b in d.get("budgets", []):
+    s = b.get("scratch", {})
+    if b["steps"] == budget["steps"] and abs(s.get("final_eval_loss_run", math.inf) - entry["final_eval_loss"]) < 1e-6:
+      return {"eval_loss": s["final_eval_loss"], "eval_accuracy": s.get("final_eval_accuracy"),
+              "examples": d["final_eval"]["examples"]}
+  return None
 
 
 def table(d: dict) -> str:

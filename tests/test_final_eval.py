@@ -36,6 +36,24 @@ def test_final_eval_reproduces_a_runs_own_evaluation_and_rewrites_its_results_on
   assert b["scratch"]["final_eval_loss"] == more["eval_loss"] != s["final_eval_loss"]
   assert b["scratch"]["final_eval_loss_run"] == s["final_eval_loss"] and "scratch_curve" not in b
   assert d["written"][0]["runs"][0][1]["examples"] == 4 * 16
+  # A method's file that reused that scratch run (--scratch_from) takes its new loss from the copy above once the
+  # scratch workdir is gone; its own run is evaluated as usual.
+  import shutil
+  other = tmp_path / "other"
+  shutil.copytree(wd, str(other / "deit-6-msg"))
+  methods = str(tmp_path / "methods.json")
+  with open(methods, "w") as f:
+    json.dump({"family": "deit", "model_overrides": {}, "budgets": [
+        {"steps": 6, "scratch": {"final_eval_loss": s["final_eval_loss"], "total_flops": s["total_flops"]},
+         "scratch_from": path, "variants": {"msg": {"final_eval_loss": s["final_eval_loss"]}}}]}, f)
+  reuse = types.SimpleNamespace(**{**vars(a), "results": [methods], "workroot": [str(other)]})
+  final_eval.measure(reuse)
+  with open(str(tmp_path / "methods_full.json")) as f:
+    b = json.load(f)["budgets"][0]
+  assert b["scratch"]["final_eval_loss"] == more["eval_loss"] == b["variants"]["msg"]["final_eval_loss"]
+  assert b["scratch"]["final_eval_loss_run"] == s["final_eval_loss"]
+  with pytest.raises(FileNotFoundError, match="No finished run deit-6-scratch"):  # Not at another eval size.
+    final_eval.measure(types.SimpleNamespace(**{**vars(reuse), "eval_batches": 2}))
   # A file whose run is missing stops the whole call before any copy is written, the good file's included.
   os.remove(str(tmp_path / "res_full.json"))
   with pytest.raises(FileNotFoundError, match="No finished run deit-6-scratch"):
@@ -43,7 +61,6 @@ def test_final_eval_reproduces_a_runs_own_evaluation_and_rewrites_its_results_on
                                                 "workroot": [str(root), str(tmp_path / "elsewhere")]}))
   assert not os.path.exists(str(tmp_path / "res_full.json"))
   # A benchmarks.bound level-run file: its runs are found by the bound's workdir names.
-  import shutil
   shutil.copytree(wd, str(root / "deit-L1-lr4-6"))
   bound = str(tmp_path / "bound.json")
   with open(bound, "w") as f:
