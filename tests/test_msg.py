@@ -207,6 +207,31 @@ def test_impossible_msg_schedules_are_refused_with_what_to_change(opts, match):
     _plan(steps=100, **opts)
 
 
+def test_llama_grows_in_depth_behind_the_mask_and_the_events_its_masks_cannot_reach_are_refused():
+  """LLaMA's blocks (RMSNorm, SwiGLU, grouped-query attention) are its own: a 'layers' event mixes whole blocks and
+  keeps the function at c = 0 as for the other families; 'heads' would not (the masks reach the shared core's
+  modules only: measured 0.47-0.53 off at c = 0 before it was refused) and 'ffn' would grow nothing (its FFN width
+  is ffn_size), so both are refused with what to use instead."""
+  big = M.preset("llama-test").replace(num_layers=2)
+  small = big.replace(num_layers=1)
+  old = _noisy_params(small)
+  grown = grow_params(old, small, big, jax.random.key(3))
+  view = MsgView("layers", small, start=10, ramp=4)
+  x, kw = _inputs(big)
+  want = _apply(small)(old, *x, **kw)
+  at0 = _view_apply(view, big)(grown, jnp.int32(10), *x, **kw)
+  plain = _apply(big)(grown, *x, **kw)
+  np.testing.assert_allclose(np.asarray(at0), np.asarray(want), rtol=0, atol=1e-5)
+  assert float(jnp.max(jnp.abs(plain - want))) > 1e-3
+  with pytest.raises(ConfigError, match=r"'heads' event.*family 'llama' has its own blocks.*order=\('layers',\)"):
+    _plan(family="llama")
+  with pytest.raises(ConfigError, match=r"'ffn' event.*model.ffn_size=48.*grow nothing"):
+    _plan(family="llama", order=("ffn", "layers"))
+  plan = _plan(family="llama", order=("layers",))
+  assert [s.view.kind for s in plan.stages if s.view is not FULL] == ["layers"]
+  assert [lv.num_layers for lv in plan.levels] == [4, 2]
+
+
 def test_the_masked_view_needs_the_step():
   big = M.preset("gpt-test")
   view = MsgView("ffn", big.replace(ffn_ratio=2), 0, 2)

@@ -262,8 +262,26 @@ def ramp_length(opts: MsgConfig, total: int) -> int:
   return opts.ramp_steps if opts.ramp_steps > 0 else max(1, round(opts.ramp_frac * total))
 
 
+def check_model(model: ModelConfig, opts: MsgConfig) -> None:
+  """Refuses an event that would not grow ``model`` behind its masks: a ``heads`` event on a family with its own
+  blocks (the masks reach the shared core's attention, FFN and LayerNorm only), an ``ffn`` event where the FFN width
+  is ``ffn_size`` (``ffn_ratio`` would change nothing). A ``layers`` event mixes whole blocks and works for every
+  family."""
+  fam = M.family_of(model)
+  if "heads" in opts.order and fam.blocks is not None:
+    raise ConfigError(f"cycle.msg.order has a 'heads' event, whose masks act on the shared transformer's attention, "
+                      f"FFN and LayerNorm; family {model.family!r} has its own blocks, which they do not reach, so "
+                      f"the grown model would not compute the small one's function at mask 0. Use "
+                      f"cycle.msg.order=('layers',) (exact for every family), or cycle.method='vcycle'.")
+  if "ffn" in opts.order and model.ffn_size:
+    raise ConfigError(f"cycle.msg.order has an 'ffn' event, which grows model.ffn_ratio, but this model's FFN width is "
+                      f"model.ffn_size={model.ffn_size}, which ffn_ratio does not change: the event would grow "
+                      f"nothing. Drop 'ffn' from cycle.msg.order.")
+
+
 def model_sizes(model: ModelConfig, opts: MsgConfig) -> tuple[ModelConfig, ...]:
   """The start model and the model after each event (the last is ``model``)."""
+  check_model(model, opts)
   small = {}
   for k in opts.order:
     f, have = getattr(opts, _FACTOR[k]), getattr(model, _FIELD[k])
