@@ -152,3 +152,10 @@ def test_the_plan_trains_the_relaxed_model_then_the_full_one_after_a_short_rewar
 def test_bad_core_configs_are_refused_with_what_to_change(opts, match):
   with pytest.raises(ConfigError, match=match):
     _plan(**opts)
+
+
+def test_a_family_with_its_own_blocks_is_refused_not_crashed():
+  """LLaMA's blocks are not the shared core's: the relaxed model cannot be built from them (it failed with a bare
+  KeyError 'fc1' inside the first train step before this check)."""
+  with pytest.raises(ConfigError, match=r"family 'llama' has its own, which it cannot relax"):
+    _plan(model=M.preset("llama-test").replace(num_layers=4))

@@ -120,6 +120,11 @@ class RelaxedView(View):
 
 def core_plan(model, cycle, train) -> Plan:
   opts: CoreConfig = cycle.core
+  if M.family_of(model).blocks is not None:
+    raise ConfigError(f"cycle.method='core': the relaxed model (models/relaxed.py) is written for the shared "
+                      f"transformer's blocks (LayerNorm, a GELU FFN); family {model.family!r} has its own, which it "
+                      f"cannot relax. Use another method for {model.family!r} (e.g. cycle.method='vcycle' or 'msg' "
+                      f"with cycle.msg.order=('layers',)).")
   rank = resolve_rank(model, opts.rank)
   n_relaxed, n_full = split_steps(train.steps, (opts.relaxed_frac, 1 - opts.relaxed_frac),
                                   ("cycle.core.relaxed_frac", "1 - cycle.core.relaxed_frac"))
