@@ -107,6 +107,7 @@ METHODS = {
     "ligo100": {"cycle.method": "ligo"},  # The paper's 100 operator steps (7% of T=1400).
     "ligo_depth": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20, "cycle.ligo.width_factor": 1},
     "msg": {"cycle.method": "msg"},
+    "msg_layers": {"cycle.method": "msg", "cycle.msg.order": ("layers",)},  # Depth only: the MSG that LLaMA can run.
     "core": {"cycle.method": "core"},
 }
 VARIANTS.update(METHODS)
