@@ -18,9 +18,9 @@ A run's workdir is found in the ``--workroot`` given for its file (``<family>-<s
 reused from another file (``benchmarks.saving --scratch_from``) in any of the workroots, where its run ended at the
 loss the file records, or else in that file's own copy (``<file><out_suffix>.json``, written by an earlier call at the
 same ``--eval_batches``), which already holds its new loss: a frontier re-evaluated once serves every method run
-against it later, after its workdirs are gone. Level-run files of ``benchmarks.bound`` (smaller models alone, for ``analyze_saving
---envelope``) are read the same way (``<family>-L<level>-lr<scale>-<steps>``). Nothing is written until every run
-has been evaluated; each copy is written atomically.
+against it later, after its workdirs are gone. Level-run files of ``benchmarks.bound`` (smaller models alone, for
+``analyze_saving --envelope``) are read the same way (``<family>-L<level>-lr<scale>-<steps>``). Nothing is written
+until every run has been evaluated; each copy is written atomically.
 """
 
 from __future__ import annotations
