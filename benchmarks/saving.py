@@ -143,6 +143,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                     "records the file).", flag_values=fv)
   flags.DEFINE_list("plan", [], "plan.json files of experiments.plan: each adds a variant 'planned' (its overrides) at "
                     "the budget it was planned for.", flag_values=fv)
+  flags.DEFINE_multi_string("plan_set", [], "Override KEY=VALUE applied over a --plan's own overrides (e.g. "
+                            "cycle.lr_scales=(1,1) runs the plan with its small stage at the target's rate): the "
+                            "plan as a hand-set variant; recorded with the run.", flag_values=fv)
   flags.DEFINE_list("frontier_from", [], "Results files whose scratch runs are the target's frontier that adaptive "
                     "variants (cycle.small_stop='frontier') read: the benchmark's own frontier, an oracle a user would "
                     "measure with pilots.", flag_values=fv)
@@ -301,6 +304,23 @@ def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
   return tuple(points[k] for k in sorted(points))
 
 
+def plan_variant(paths: list[str], steps: int, plan_set: dict) -> tuple[dict, dict | None]:
+  """The variant ``{"planned": overrides}`` of the plan among ``paths`` made for ``steps`` (``{}`` if none), its
+  overrides changed by ``plan_set`` (``--plan_set``), and what the results file records of the plan: its file, the
+  saving it predicted and, when ``plan_set`` changed it, those changes (the prediction priced the plan as written)."""
+  planned, predicted = {}, None
+  for path in paths:
+    with open(path) as f:
+      p = json.load(f)["plan"]
+    if p["overrides"].get("train.steps") == steps:
+      planned["planned"] = {**{k: tuple(v) if isinstance(v, list) else v for k, v in p["overrides"].items()
+                               if k != "train.steps"}, **plan_set}
+      predicted = {"plan_file": path, "predicted_saving": p["predicted_saving"], "method": p["method"]}
+      if plan_set:
+        predicted["plan_set"] = {k: str(v) for k, v in plan_set.items()}
+  return planned, predicted
+
+
 def main(argv):
   del argv
   import jax
@@ -309,6 +329,9 @@ def main(argv):
   a = cli.parse(define_flags)
   family = a.family
   extra = cli.key_values(a.set)
+  plan_extra = cli.key_values(a.plan_set)
+  if plan_extra and not a.plan:
+    raise app.UsageError("--plan_set changes a plan's overrides; pass the plan with --plan.")
   unknown = [v for v in a.variants if v not in VARIANTS]
   if unknown:
     raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")
@@ -341,14 +364,7 @@ def main(argv):
              "variants": {}}
     if earlier is not None:
       entry["scratch_from"] = earlier["file"]
-    planned = {}
-    for path in a.plan:
-      with open(path) as f:
-        p = json.load(f)["plan"]
-      if p["overrides"].get("train.steps") == steps:
-        planned["planned"] = {k: tuple(v) if isinstance(v, list) else v for k, v in p["overrides"].items()
-                              if k != "train.steps"}
-        predicted = {"plan_file": path, "predicted_saving": p["predicted_saving"], "method": p["method"]}
+    planned, predicted = plan_variant(a.plan, steps, plan_extra)
     for name in list(a.variants) + list(planned):
       overrides = planned.get(name) or VARIANTS[name]
       if overrides.get("cycle.small_stop") == "frontier":

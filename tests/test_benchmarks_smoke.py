@@ -358,6 +358,23 @@ def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(t
     target_frontier([], "gpt", overrides)
 
 
+def test_a_plan_runs_as_its_budgets_variant_and_plan_set_changes_it_on_record(tmp_path):
+  from benchmarks.saving import make_config, plan_variant
+  path = str(tmp_path / "plan.json")
+  with open(path, "w") as f:
+    json.dump({"plan": {"overrides": {"train.steps": 400, "cycle.levels": 2, "cycle.lr_scales": [1.0, 2.0]},
+                        "predicted_saving": 0.2, "method": "vcycle from L1"}}, f)
+  assert plan_variant([path], 800, {}) == ({}, None)  # Made for another budget.
+  planned, predicted = plan_variant([path], 400, {})
+  assert planned == {"planned": {"cycle.levels": 2, "cycle.lr_scales": (1.0, 2.0)}} and "plan_set" not in predicted
+  planned, predicted = plan_variant([path], 400, {"cycle.lr_scales": "(1,1)"})
+  assert predicted == {"plan_file": path, "predicted_saving": 0.2, "method": "vcycle from L1",
+                       "plan_set": {"cycle.lr_scales": "(1,1)"}}
+  # The change wins over the plan and over --set, as the run's config shows.
+  c = make_config("gpt", 400, planned["planned"], {"cycle.lr_scales": "(2,2)"}, 4)
+  assert tuple(c.cycle.lr_scales) == (1.0, 1.0) and c.cycle.levels == 2
+
+
 # Methods that cannot run on a family say so when the plan is built: MSG's width masks and CoRe's relaxed model act on
 # the shared core's blocks, and LLaMA has its own (MSG grows it in depth only: msg_layers).
 REFUSED = {("llama", "msg"): "'heads' event", ("llama", "core"): "cannot relax"}
