@@ -286,7 +286,7 @@ def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) 
 def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
   """(FLOPs, final eval loss) at each budget of the scratch runs in ``paths`` (``--frontier_from``), for the adaptive
   variants: the lowest loss where several files ran a budget (a learning-rate sweep: the files may differ in
-  ``train.lr``, in nothing else)."""
+  ``train.lr`` and ``train.seed``, in nothing else: a run at another seed reads the frontier a user measured once)."""
   if not paths:
     raise app.UsageError("An adaptive variant (cycle.small_stop='frontier') needs the target's frontier: give "
                          "--frontier_from=RESULTS.json,... whose scratch runs measured it.")
@@ -294,9 +294,11 @@ def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
   for path in paths:
     with open(path) as f:
       d = json.load(f)
-    lr = d.get("model_overrides", {}).get("train.lr")
-    # Checks the settings match but for the rate (no budget has -1 steps, so nothing is read).
-    earlier_scratch([path], family, {**overrides, "train.lr": lr} if lr is not None else overrides, -1)
+    theirs = d.get("model_overrides", {})
+    # Checks the settings match but for the rate and the seed (no budget has -1 steps, so nothing is read).
+    mine = {k: v for k, v in overrides.items() if k not in ("train.lr", "train.seed")}
+    mine.update({k: theirs[k] for k in ("train.lr", "train.seed") if k in theirs})
+    earlier_scratch([path], family, mine, -1)
     for b in d["budgets"]:
       point = (b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"])
       if b["steps"] not in points or point[1] < points[b["steps"]][1]:

@@ -354,6 +354,10 @@ def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(t
   # The adaptive variants read the same files' scratch runs as the target's frontier: (FLOPs, final loss) per budget.
   from benchmarks.saving import target_frontier
   assert target_frontier([path], "gpt", overrides) == ((4e9, 5.0),)
+  # A run at another seed (or rate) reads the same frontier; other settings are still refused.
+  assert target_frontier([path], "gpt", {**overrides, "train.seed": "1", "train.lr": "4e-3"}) == ((4e9, 5.0),)
+  with pytest.raises(app.UsageError, match="same settings"):
+    target_frontier([path], "gpt", {**overrides, "data.name": "gcide"})
   with pytest.raises(app.UsageError, match="--frontier_from"):
     target_frontier([], "gpt", overrides)
 
