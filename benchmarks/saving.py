@@ -149,6 +149,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("frontier_from", [], "Results files whose scratch runs are the target's frontier that adaptive "
                     "variants (cycle.small_stop='frontier') read: the benchmark's own frontier, an oracle a user would "
                     "measure with pilots.", flag_values=fv)
+  flags.DEFINE_enum("frontier_curve", "final", ["final", "stable"], "What the adaptive variants read of "
+                    "--frontier_from: 'final' the fully decayed runs' final losses, 'stable' the un-decayed part of "
+                    "the longest WSD run (the target's cost per nat at its peak rate).", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON results file (default benchmarks/results/saving_<family>.json).",
                       flag_values=fv)
 
@@ -283,14 +286,19 @@ def earlier_scratch(paths: list[str], family: str, overrides: dict, steps: int) 
   return None
 
 
-def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
-  """(FLOPs, final eval loss) at each budget of the scratch runs in ``paths`` (``--frontier_from``), for the adaptive
-  variants: the lowest loss where several files ran a budget (a learning-rate sweep: the files may differ in
-  ``train.lr`` and ``train.seed``, in nothing else: a run at another seed reads the frontier a user measured once)."""
+def target_frontier(paths: list[str], family: str, overrides: dict, kind: str = "final") -> tuple:
+  """The target's (FLOPs, eval loss) points that the adaptive variants' stop rule reads, from the scratch runs in
+  ``paths`` (``--frontier_from``; a learning-rate sweep: the files may differ in ``train.lr`` and ``train.seed``, in
+  nothing else: a run at another seed reads the frontier a user measured once).
+
+  ``kind='final'``: each budget's final loss, the lowest where several files ran it (the fully decayed frontier).
+  ``kind='stable'``: the evaluations before the cool-down of the longest WSD run (the lowest-ending one among equally
+  long runs): what the target pays per nat at its peak rate, which is how a grown model trains under one WSD schedule
+  until the last cool-down (``multilevel/cycles/switch.py``)."""
   if not paths:
     raise app.UsageError("An adaptive variant (cycle.small_stop='frontier') needs the target's frontier: give "
                          "--frontier_from=RESULTS.json,... whose scratch runs measured it.")
-  points = {}
+  points, longest = {}, None
   for path in paths:
     with open(path) as f:
       d = json.load(f)
@@ -303,7 +311,20 @@ def target_frontier(paths: list[str], family: str, overrides: dict) -> tuple:
       point = (b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"])
       if b["steps"] not in points or point[1] < points[b["steps"]][1]:
         points[b["steps"]] = point
-  return tuple(points[k] for k in sorted(points))
+      if longest is None or (b["steps"], -point[1]) > (longest[0]["steps"], -longest[0]["scratch"]["final_eval_loss"]):
+        longest = (b, d.get("model_overrides", {}))
+  if kind == "final":
+    return tuple(points[k] for k in sorted(points))
+  if kind != "stable":
+    raise app.UsageError(f"--frontier_curve={kind!r}: choose 'final' or 'stable'.")
+  b, theirs = longest
+  if theirs.get("train.decay", overrides.get("train.decay")) != "wsd":
+    raise app.UsageError("--frontier_curve=stable reads the un-decayed part of a WSD scratch run; the runs in "
+                         "--frontier_from are not WSD (set train.decay=wsd).")
+  from multilevel.cycles.growth import stable_from_scratch_curve
+  cooldown = float(theirs.get("train.cooldown_frac", overrides.get("train.cooldown_frac", 0.2)))
+  return stable_from_scratch_curve(f"scratch at T={b['steps']}", b["scratch_curve"], b["scratch"]["total_flops"],
+                                   cooldown).points
 
 
 def plan_variant(paths: list[str], steps: int, plan_set: dict) -> tuple[dict, dict | None]:
@@ -371,7 +392,8 @@ def main(argv):
       overrides = planned.get(name) or VARIANTS[name]
       if overrides.get("cycle.small_stop") == "frontier":
         overrides = {**overrides, "cycle.target_frontier": target_frontier(a.frontier_from, family,
-                                                                           results["model_overrides"])}
+                                                                           results["model_overrides"],
+                                                                           a.frontier_curve)}
       run = train(make_config(family, steps, overrides, extra, a.evals),
                   os.path.join(a.workroot, f"{family}-{steps}-{name}"))
       entry["variants"][name] = compare(scratch, run)

@@ -360,6 +360,15 @@ def test_a_scratch_run_from_an_earlier_results_file_compares_as_the_run_itself(t
     target_frontier([path], "gpt", {**overrides, "data.name": "gcide"})
   with pytest.raises(app.UsageError, match="--frontier_from"):
     target_frontier([], "gpt", overrides)
+  # Or the un-decayed part of the longest WSD run: its evaluations before the last 20% of its FLOPs.
+  assert target_frontier([path], "gpt", overrides, "stable") == ((1e9, 6.0), (2e9, 5.5))
+  with open(path) as f:
+    linear = json.load(f)
+  linear["model_overrides"]["train.decay"] = "linear"
+  with open(path, "w") as f:
+    json.dump(linear, f)
+  with pytest.raises(app.UsageError, match="not WSD"):
+    target_frontier([path], "gpt", {**overrides, "train.decay": "linear"}, "stable")
 
 
 def test_a_plan_runs_as_its_budgets_variant_and_plan_set_changes_it_on_record(tmp_path):

@@ -17,8 +17,12 @@ its lowest the target's cost is extrapolated from the nearest budgets' segment. 
 planned length (the maximum), and what it leaves unused goes to the target (the method's ``build_plan(cuts=...)``).
 
 Caveats, on purpose visible: with WSD the small stage trains at a constant rate, so its curve lies above its fully
-decayed frontier and flattens earlier, which makes the rule switch earlier than the offline bound; evaluation noise
-(a few thousandths of a nat with the benchmarks' 8 eval batches) is why the slope is a fit over ``window`` points.
+decayed frontier and flattens earlier, which makes the rule switch earlier than the offline bound (on GPT at 21
+tokens/param it fired after 490-630 of the plan's 1101 small steps). Under one WSD schedule the grown target also
+trains at its peak rate until the last cool-down, so the like-for-like comparison is the target's *stable* curve,
+the un-decayed part of a WSD scratch run: any (FLOPs, loss) points will do here, and ``benchmarks.saving
+--frontier_curve=stable`` passes those; evaluation noise (a few thousandths of a nat with the benchmarks' 8 eval
+batches) is why the slope is a fit over ``window`` points.
 """
 
 from __future__ import annotations
