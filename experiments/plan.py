@@ -64,6 +64,11 @@ _RATES = flags.DEFINE_list("growth_rates", [], "GROWTH=RATE for depth, width, bo
 _RATES_FROM = flags.DEFINE_list("growth_rates_from", [], "GROWTH=WORKDIR: measure the rate from an earlier V-cycle run "
                                 "of this config that grew that way (its target's progress on the target's stable "
                                 "curve per FLOP, from its growth to its cool-down).")
+_ONLINE_STOP = flags.DEFINE_bool("online_stop", False, "Let the planned run end its small stage itself, by the online "
+                                  "stop rule (cycle.small_stop='frontier', multilevel/cycles/switch.py) against the "
+                                  "target's stable curve (WSD pricing) or decayed frontier: each seed's small model "
+                                  "decides its switch, the planned length is the most it runs. The printed prediction "
+                                  "is the fixed plan's.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
@@ -202,6 +207,13 @@ def main(argv):
                                wsd=settings)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  if _ONLINE_STOP.value:
+    from multilevel.cycles.switch import online_stop
+    points = settings.target.points if settings is not None else target.points
+    try:
+      plan = {**plan, "overrides": online_stop(plan["overrides"], points)}
+    except ValueError as e:
+      raise app.UsageError(f"--online_stop: {e}") from None
   print(planner.describe(plan))
   record["plan"] = plan
   from multilevel.files import write_json_atomic, write_text_atomic  # Whole or not at all.

@@ -187,8 +187,8 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=4000", "--set=train.decay=wsd",
           f"--target_from={target}", f"--small_from={level}"]
-  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}"], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}", "--online_stop"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "w" / "plan.json") as f:
     d = json.load(f)
@@ -202,6 +202,17 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   # The small stage warms up as the pilot whose curve priced it did: train.warmup_frac of that pilot's steps.
   pilot_steps = round(stable.points[8][0] / (STEP / 2))
   assert p["overrides"]["cycle.small_warmup_steps"] == round(0.05 * pilot_steps)
+  # --online_stop: the small stage ends by the online rule against the target's stable curve, in the config it writes.
+  assert p["overrides"]["cycle.small_stop"] == "frontier"
+  assert p["overrides"]["cycle.target_frontier"] == d["wsd"]["target_stable"] and "online stop rule" in r.stdout
+  from experiments.plan import load_config
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  from multilevel.cycles.switch import FrontierSwitch
+  c = load_config(str(tmp_path / "w" / "plan_config.py"))  # The config the driver runs as is.
+  stops = [s.stop for s in build_plan(model_config(c, None), c.cycle, c.train).stages if s.stop is not None]
+  assert len(stops) == 1 and isinstance(stops[0], FrontierSwitch)
+  assert [list(x) for x in stops[0].points] == d["wsd"]["target_stable"]
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "GROWTH one of" in bad.stderr

@@ -74,6 +74,18 @@ def test_bad_adaptive_configs_are_refused_with_what_to_change(overrides, match):
     _plan(**overrides)
 
 
+def test_a_planned_vcycle_gets_the_rule_on_its_small_stage_and_a_scratch_plan_is_left_alone():
+  from multilevel.cycles.switch import online_stop
+  planned = {"cycle.method": "vcycle", "cycle.levels": 2, "cycle.small_frac": 0.7, "train.steps": 100}
+  got = online_stop(planned, [[1e12, 5], [4e12, 4]])  # As plan.json stores them: lists.
+  assert got == {**planned, "cycle.small_stop": "frontier", "cycle.target_frontier": POINTS}
+  assert _plan(**{k: v for k, v in got.items() if k != "train.steps"})[0].stages  # A config the driver builds.
+  scratch = {"cycle.levels": 1, "train.steps": 100}
+  assert online_stop(scratch, POINTS) == scratch
+  with pytest.raises(ValueError, match="at least two"):
+    online_stop(planned, POINTS[:1])
+
+
 # Evaluations every 2 steps: the 20-step bottom stage of the 40-step test V-cycle is evaluated at its steps 2, 4, ...
 RUN = {"train.eval_every": 2, "checkpoint.every": 5, "cycle.stop_window": 3}
 CHEAP = ((1.0, 100.0), (2.0, 0.0))  # A target that pays next to nothing per nat: the rule fires at its first chance.

@@ -404,6 +404,9 @@ def describe(plan: dict) -> str:
     lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
                  f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
                                           for p in seeds) + ": a run of this plan may land anywhere in that spread")
+  if plan["overrides"].get("cycle.small_stop") == "frontier":
+    lines.append("  the small stage ends by the online stop rule (at most the steps above; the prediction is the fixed "
+                 "plan's)")
   if plan.get("no_overlap"):
     lines.append(f"why scratch: {plan['why']}")
   a = plan.get("smaller_model_alone")

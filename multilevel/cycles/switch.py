@@ -82,3 +82,15 @@ class FrontierSwitch:
     if small >= target:
       return {"reason": "costlier", "loss": loss, "slope": slope, "small_cost": small, "target_cost": target}
     return None
+
+
+def online_stop(overrides: dict, points) -> dict:
+  """A planned V-cycle's ``overrides`` (``plan.json``'s) with its smallest stage ended by this rule against the
+  target's ``points``: its planned length becomes the most it may run. For a plan priced under one WSD schedule pass
+  the target's stable curve (the planner's ``wsd.target_stable``), else its decayed frontier. A plan of scratch has
+  no small stage: returned unchanged."""
+  if overrides.get("cycle.method", "vcycle") != "vcycle" or int(overrides.get("cycle.levels", 1)) < 2:
+    return dict(overrides)
+  pts = tuple((float(f), float(l)) for f, l in points)
+  FrontierSwitch(pts)  # Two or more finite points, or a clear error.
+  return {**overrides, "cycle.small_stop": "frontier", "cycle.target_frontier": pts}
