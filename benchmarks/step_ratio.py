@@ -5,7 +5,7 @@
 
 The V-cycle's wall-clock saving is its FLOPs saving only if a small-model step costs what its FLOPs say. This times
 the engine's jitted train step (``build_steps``, one device, AdamW, blocked every step) of the saving benchmark's
-models (``benchmarks/saving.py`` MODELS: 4 layers, 2 heads x 32, seq 128, vocabulary 1024, batch 32; DeiT on 28x28
+models (``benchmarks/variants.py`` MODELS: 4 layers, 2 heads x 32, seq 128, vocabulary 1024, batch 32; DeiT on 28x28
 images, batch 128) and of their coalesced small models (``make_mapping(cfg).small``: half the layers and heads), in
 interleaved rounds (the order alternates), and reports the median per-round step-time ratio small / big against the
 analytic train-FLOPs ratio. Compilation and two warm-up steps are excluded.
