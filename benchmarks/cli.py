@@ -43,11 +43,12 @@ def run(main: Callable[[list[str]], object], define: Define, positional: bool = 
   app.run(checked)
 
 
-def key_values(items: list[str]) -> dict[str, str]:
-  """``--set`` values, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form ``common.override`` takes."""
+def key_values(items: list[str], flag: str = "--set") -> dict[str, str]:
+  """``--set`` (or ``flag``) values, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form
+  ``common.override`` takes."""
   bad = [kv for kv in items if "=" not in kv]
   if bad:
-    raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
+    raise app.UsageError(f"{flag} takes KEY=VALUE, got {bad}")
   return dict(kv.split("=", 1) for kv in items)
 
 

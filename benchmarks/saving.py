@@ -253,9 +253,13 @@ def main(argv):
   a = cli.parse(define_flags)
   family = a.family
   extra = cli.key_values(a.set)
-  plan_extra = cli.key_values(a.plan_set)
+  plan_extra = cli.key_values(a.plan_set, "--plan_set")
   if plan_extra and not a.plan:
     raise app.UsageError("--plan_set changes a plan's overrides; pass the plan with --plan.")
+  try:  # Before any run trains: an unknown key or a bad value would otherwise stop the benchmark after scratch.
+    make_config(family, 1, plan_extra, extra, 1)
+  except (KeyError, ValueError, SyntaxError) as e:
+    raise app.UsageError(f"--plan_set {a.plan_set}: {e}") from None
   unknown = [v for v in a.variants if v not in VARIANTS]
   if unknown:
     raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")

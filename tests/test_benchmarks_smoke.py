@@ -386,6 +386,16 @@ def test_a_plan_runs_as_its_budgets_variant_and_plan_set_changes_it_on_record(tm
   # The change wins over the plan and over --set, as the run's config shows.
   c = make_config("gpt", 400, planned["planned"], {"cycle.lr_scales": "(2,2)"}, 4)
   assert tuple(c.cycle.lr_scales) == (1.0, 1.0) and c.cycle.levels == 2
+  # Bad --plan_set values are refused before anything trains, naming the flag.
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  base = [sys.executable, "-m", "benchmarks.saving", "--budgets=4", "--variants=", f"--workroot={tmp_path / 'w'}",
+          f"--out={tmp_path / 'out.json'}"]
+  for args, says in ((["--plan_set=cycle.small_stop"], "--plan_set takes KEY=VALUE"),
+                     (["--plan_set=cycle.small_stop=frontier"], "pass the plan with --plan"),
+                     ([f"--plan={path}", "--plan_set=cycle.no_such_key=1"], "unknown key 'cycle.no_such_key'")):
+    r = subprocess.run(base + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and says in r.stderr, r.stderr[-2000:]
+  assert not (tmp_path / "w").exists() and not (tmp_path / "out.json").exists()
 
 
 # Methods that cannot run on a family say so when the plan is built: MSG's width masks and CoRe's relaxed model act on
