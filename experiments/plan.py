@@ -22,6 +22,7 @@ Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKD
 
 from __future__ import annotations
 
+import math
 import os
 import pprint
 import sys
@@ -69,6 +70,9 @@ _ONLINE_STOP = flags.DEFINE_bool("online_stop", False, "Let the planned run end 
                                   "target's stable curve (WSD pricing) or decayed frontier: each seed's small model "
                                   "decides its switch, the planned length is the most it runs. The printed prediction "
                                   "is the fixed plan's.")
+_MARGINS = flags.DEFINE_list("margins", ["0.02", "0.75"], "LANDING,SLOWER: under WSD pricing the plan is also priced "
+                             "with the target landing LANDING nats higher and learning at SLOWER times the priced "
+                             "rate (the errors its runs have shown), and says how much of the saving survives.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
@@ -126,6 +130,7 @@ def main(argv):
   if bad:
     raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
   sets = dict(kv.split("=", 1) for kv in _SET.value)
+  _margins(_MARGINS.value)  # Refused before any pilot trains.
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -204,7 +209,7 @@ def main(argv):
   settings = wsd_settings(base, target_curve, record) if wsd else None
   try:
     plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape,
-                               wsd=settings)
+                               wsd=settings, margins=_margins(_MARGINS.value))
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   if _ONLINE_STOP.value:
@@ -221,6 +226,17 @@ def main(argv):
   config_path = os.path.join(work, "plan_config.py")
   write_text_atomic(config_path, config_file(spec, sets, plan))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
+
+
+def _margins(values: list) -> tuple[float, float]:
+  try:
+    landing, slower = (float(v) for v in values)
+  except ValueError:
+    landing = slower = math.nan
+  if not (landing >= 0 and 0 < slower <= 1):
+    raise app.UsageError(f"--margins={','.join(values)}: give LANDING,SLOWER, a landing error in nats (>= 0) and "
+                         f"a factor on the growth rate in (0, 1], e.g. --margins=0.02,0.75.")
+  return landing, slower
 
 
 def wsd_settings(base, target_curve, record: dict):

@@ -216,6 +216,11 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "GROWTH one of" in bad.stderr
+  bad = subprocess.run(args + [f"--workdir={tmp_path / 'm'}", "--margins=0.02,1.5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "--margins=0.02,1.5: give LANDING,SLOWER" in bad.stderr
+  assert not (tmp_path / "m").exists()  # Refused before any pilot or file.
+  assert "if the target lands 0.020 nats higher" in r.stdout and len(p["margins"]) == 3  # The defaults.
 
 
 def test_a_wsd_hand_over_at_the_end_of_a_measured_curve_is_flagged():
@@ -380,3 +385,29 @@ def test_a_plan_priced_on_several_seeds_reports_each_seeds_own_prediction():
   assert all(p["at_least"] and p["saving"] == pytest.approx(1 - flops / DECAYED.points[-1][0]) for p in far)
   one = planner.candidate_from_runs("depth", runs(42, 0.0), {"cycle.width_factor": 1}, stable=True)
   assert one.seed_stables == () and "seed_predictions" not in planner.plan_vcycle(DECAYED, STEP, 8000, [one], wsd=wsd)
+
+
+
+def test_a_wsd_plan_says_how_much_of_its_saving_survives_a_higher_landing_and_a_slower_target():
+  """The margins are the fixed schedule priced with the landing shifted and the rate scaled (each alone, then both).
+  A plan whose small model does most of the work keeps most of its saving; one whose target has real work left
+  loses more than half of it under both, and its text says to expect less than predicted."""
+  late = candidate("depth", loglinear("d", 6.0, 3.5, 25 * STEP, 2.4), STEP / 2, {"cycle.width_factor": 1})
+  early = candidate("depth", loglinear("d", 6.0, 3.5, 25 * STEP, 2.6), STEP / 2, {"cycle.width_factor": 1})
+  wsd = planner.Wsd(STABLE)
+  keeps = planner.plan_vcycle(DECAYED, STEP, 8000, [late], wsd=wsd, margins=(0.05, 0.5))
+  n, big, m = keeps["small_steps"], keeps["big_steps"], keeps["margins"]
+  for row, (dl, f) in zip(m, [(0.05, 1.0), (0.0, 0.5), (0.05, 0.5)]):
+    want = growth.predict_wsd(late.stable, late.step_flops, n, STABLE, DECAYED, STEP, big, 8000, 0.2, dl, f)
+    assert (row["landing"], row["rate_factor"]) == (dl, f)
+    assert row["saving"] == want["saving"] and row["final_loss"] == want["final_loss"]
+  assert m[2]["saving"] < min(m[0]["saving"], m[1]["saving"]) and m[0]["saving"] < keeps["predicted_saving"]
+  text = planner.describe(keeps)
+  assert "if the target lands 0.050 nats higher" in text and "0.5x the priced rate" in text
+  assert m[2]["saving"] > keeps["predicted_saving"] / 2 and "expect less than predicted" not in text
+  loses = planner.plan_vcycle(DECAYED, STEP, 8000, [early], wsd=wsd, margins=(0.05, 0.5))
+  assert loses["big_steps"] > big and loses["margins"][2]["saving"] < loses["predicted_saving"] / 2
+  assert "less than half survives both, so expect less than predicted" in planner.describe(loses)
+  tiny = planner.plan_vcycle(DECAYED, STEP, 8000, [early], wsd=wsd, margins=(0.001, 0.99))
+  assert tiny["margins"][2]["saving"] == pytest.approx(tiny["predicted_saving"], abs=0.01)
+  assert "margins" not in planner.plan_vcycle(DECAYED, STEP, 8000, [late])  # Bound pricing: no stable curves.

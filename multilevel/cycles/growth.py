@@ -227,3 +227,23 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
   if end < target.points[-1][0]:
     return None  # Before the frontier's first point: nothing to read.
   return {**out, "final_loss": None, "saving": 1 - flops / target.points[-1][0], "at_least": True}
+
+
+def predict_margins(small: Frontier, small_step_flops: float, small_steps: int, target_stable: Frontier,
+                    target: Frontier, target_step_flops: float, big_steps: int, steps: int, cooldown_frac: float,
+                    jump: float = 0.0, rate: float = 1.0, landing: float = 0.02, slower: float = 0.75) -> list[dict]:
+  """How much of a planned schedule's predicted saving survives the two errors its runs have shown: the target
+  landing ``landing`` nats above the planned loss (a small model's seed, or a jump the plan did not price), and the
+  grown target learning at ``slower`` times the priced ``rate``; each alone, then both. The schedule is held fixed
+  (``predict_wsd``), so each row's ``saving`` is read off the target's frontier at the loss that run would end at.
+  At short budgets the rows stay near the prediction (the target's stage is mostly its cool-down); where the target
+  has real work to do they fall far below it, and so did the measured savings (benchmarks/SAVINGS.md, "How much of
+  a plan's saving survives"). These are sensitivities, not a calibrated interval: on BERT's plateau the runs ended
+  below even the last row."""
+  rows = []
+  for dl, f in ((landing, 1.0), (0.0, slower), (landing, slower)):
+    p = predict_wsd(small, small_step_flops, small_steps, target_stable, target, target_step_flops, big_steps, steps,
+                    cooldown_frac, jump + dl, rate * f)
+    rows.append({"landing": dl, "rate_factor": f, "final_loss": p and p["final_loss"], "saving": p and p["saving"],
+                 "at_least": bool(p and p["at_least"])})
+  return rows

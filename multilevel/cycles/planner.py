@@ -22,9 +22,10 @@ import math
 from typing import Sequence
 
 from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost  # noqa: F401  (the planner's public names)
-from multilevel.cycles.growth import handover_jumps, mean_jump  # noqa: F401
+from multilevel.cycles.growth import handover_jumps, mean_jump, predict_margins  # noqa: F401
 from multilevel.cycles.pilots import (Candidate, candidate_from_bound, candidate_from_runs,  # noqa: F401
                                       target_from_saving, target_stable_from_saving)
+from multilevel.cycles.plan_report import describe  # noqa: F401  (the plan as text)
 
 
 # ------------------------------------------------------------------------------------------------ the V-cycle plan
@@ -165,7 +166,8 @@ def _curve_end(r: dict, lower: Sequence[Candidate], wsd: Wsd, jump: float) -> li
 
 def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
                 target_pilot_flops: float = 0.0, min_big_frac: float = 0.05, jump: float = 0.0,
-                shape: tuple[int, int] | None = None, wsd: Wsd | None = None) -> dict:
+                shape: tuple[int, int] | None = None, wsd: Wsd | None = None,
+                margins: tuple[float, float] = (0.02, 0.75)) -> dict:
   """The 2-level V-cycle that aims at the bound for a budget of ``steps`` target steps (the scratch run it is
   measured against), from the best of ``candidates``; scratch (``cycle.levels = 1``) when none saves anything. The
   target trains at least ``min_big_frac`` of the steps after growing, even where the bound would hand over at the
@@ -187,7 +189,9 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
 
   ``wsd``: the run uses one WSD schedule across its levels (``Wsd``): every hand-over is priced on the stable curves
   with the measured growth rates (``growth.wsd_cost``), the target's stage holds its warm-up and the whole
-  cool-down, and the prediction is that the run ends at scratch's loss for the predicted FLOPs."""
+  cool-down, and the prediction is that the run ends at scratch's loss for the predicted FLOPs. A 2-level WSD plan
+  also reports ``margins`` (``growth.predict_margins``): its saving if the target lands ``margins[0]`` nats higher,
+  learns at ``margins[1]`` times the priced rate, and both."""
   if steps < 4:
     raise ValueError(f"A V-cycle plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -263,6 +267,10 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
          "net_saving": 1 - (row["flops"] + pilots) / budget, "switch_loss": row["switch_loss"],
          "small_steps": row["small_steps"], "big_steps": row["big_steps"], "candidates": rows,
          "smaller_model_alone": smaller}
+  if wsd is not None:
+    out["margins"] = predict_margins(c.stable, c.step_flops, row["small_steps"], wsd.target, target, target_step_flops,
+                                     row["big_steps"], steps, wsd.cooldown_frac, jump, wsd.rate(c.growth),
+                                     *margins)
   if wsd is not None and c.seed_stables:
     out["seed_predictions"] = seed_predictions(c, row["small_steps"], row["big_steps"], wsd, target,
                                                target_step_flops, steps, jump)
@@ -368,50 +376,3 @@ def predict_vcycle(target: Frontier, target_step_flops: float, small: Frontier, 
   flops = f_small + (1 + big_steps) * target_step_flops
   return {"small_loss": l_small, "landing_loss": l_small + jump, "final_loss": loss, "flops": flops,
           "saving": 1 - flops / target.cost(loss)}
-
-
-def describe(plan: dict) -> str:
-  """The plan as a few lines for a terminal."""
-  where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
-           else "scratch's loss at this budget")
-  lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]
-  if plan.get("pricing", "").startswith("WSD"):
-    lines.append(f"  priced under one WSD schedule ({plan['pricing']}): the run should end at scratch's loss")
-  if plan.get("handover_jump"):
-    lines.append(f"  each hand-over assumed to cost {plan['handover_jump']:.4f} nats (a measured jump), not lossless")
-  for r in plan["candidates"]:
-    if "mid_steps" in r:
-      lines.append(f"  {r['candidate']}: {r['small_steps']} steps of {r['chain'][0]} to loss {r['switch_losses'][0]:.3f}, "
-                   f"{r['mid_steps']} of {r['chain'][1]} to {r['switch_losses'][1]:.3f}, then {r['big_steps']} "
-                   f"target steps: predicted saving {100 * r['saving']:+.1f}%")
-    elif "chain" in r:
-      lines.append(f"  {r['candidate']}: the chain's bound skips a model (a 2-level row covers it)")
-    elif "saving" in r:
-      lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
-                   f"steps, then {r['big_steps']} target steps: predicted saving {100 * r['saving']:+.1f}%")
-    else:
-      lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
-  ends = next((r.get("curve_end") for r in plan["candidates"] if r.get("saving") == plan["predicted_saving"]), None)
-  if ends:
-    lines.append(f"  note: the chosen hand-over is at the end of {' and '.join(ends)} measured stable curve: a longer "
-                 f"pilot of that model may find a later, better one")
-  lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
-               f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
-  seeds = plan.get("seed_predictions")
-  if seeds:
-    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + (
-        "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%")
-    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
-                 f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
-                                          for p in seeds) + ": a run of this plan may land anywhere in that spread")
-  if plan["overrides"].get("cycle.small_stop") == "frontier":
-    lines.append("  the small stage ends by the online stop rule (at most the steps above; the prediction is the fixed "
-                 "plan's)")
-  if plan.get("no_overlap"):
-    lines.append(f"why scratch: {plan['why']}")
-  a = plan.get("smaller_model_alone")
-  if a:
-    lines.append(f"note: {a['candidate']} trained alone reaches the same loss in {'at most ' if a['at_most'] else ''}"
-                 f"{a['steps']} steps ({100 * a['saving']:+.1f}% of the FLOPs saved); you would end with that "
-                 f"smaller model, not the target")
-  return "\n".join(lines)

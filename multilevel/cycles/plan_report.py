@@ -1,0 +1,66 @@
+"""A plan of ``multilevel.cycles.planner`` as a few lines for a terminal: every candidate's row, the prediction and
+what the pilots cost, how much of the saving survives the errors its runs have shown, each pilot seed's own
+prediction, and what to measure when no hand-over could be priced. Kept apart from the pricing so that a plan read
+back from its ``plan.json`` prints the same without the curves."""
+
+from __future__ import annotations
+
+
+def _fragile(plan: dict) -> bool:
+  """Whether less than half the predicted saving survives both margins: the target's stage has real work to do, and
+  the plans that looked so here measured well below their prediction (GPT at 42, LLaMA at 21 and 37 tokens/param)."""
+  m = plan["margins"][2]["saving"]
+  return m is None or m < plan["predicted_saving"] / 2
+
+
+def describe(plan: dict) -> str:
+  """The plan as a few lines for a terminal."""
+  where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
+           else "scratch's loss at this budget")
+  lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]
+  if plan.get("pricing", "").startswith("WSD"):
+    lines.append(f"  priced under one WSD schedule ({plan['pricing']}): the run should end at scratch's loss")
+  if plan.get("handover_jump"):
+    lines.append(f"  each hand-over assumed to cost {plan['handover_jump']:.4f} nats (a measured jump), not lossless")
+  for r in plan["candidates"]:
+    if "mid_steps" in r:
+      lines.append(f"  {r['candidate']}: {r['small_steps']} steps of {r['chain'][0]} to loss {r['switch_losses'][0]:.3f}, "
+                   f"{r['mid_steps']} of {r['chain'][1]} to {r['switch_losses'][1]:.3f}, then {r['big_steps']} "
+                   f"target steps: predicted saving {100 * r['saving']:+.1f}%")
+    elif "chain" in r:
+      lines.append(f"  {r['candidate']}: the chain's bound skips a model (a 2-level row covers it)")
+    elif "saving" in r:
+      lines.append(f"  {r['candidate']}: hand over at loss {r['switch_loss']:.3f} after {r['small_steps']} small "
+                   f"steps, then {r['big_steps']} target steps: predicted saving {100 * r['saving']:+.1f}%")
+    else:
+      lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
+  ends = next((r.get("curve_end") for r in plan["candidates"] if r.get("saving") == plan["predicted_saving"]), None)
+  if ends:
+    lines.append(f"  note: the chosen hand-over is at the end of {' and '.join(ends)} measured stable curve: a longer "
+                 f"pilot of that model may find a later, better one")
+  lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
+               f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  seeds = plan.get("seed_predictions")
+  if seeds:
+    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + (
+        "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%")
+    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
+                 f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
+                                          for p in seeds) + ": a run of this plan may land anywhere in that spread")
+  m = plan.get("margins")
+  if m:
+    cell = lambda p: "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%"
+    lines.append(f"  if the target lands {m[0]['landing']:.3f} nats higher: {cell(m[0])}; if it learns at "
+                 f"{m[1]['rate_factor']:g}x the priced rate: {cell(m[1])}; both: {cell(m[2])}"
+                 + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))
+  if plan["overrides"].get("cycle.small_stop") == "frontier":
+    lines.append("  the small stage ends by the online stop rule (at most the steps above; the prediction is the fixed "
+                 "plan's)")
+  if plan.get("no_overlap"):
+    lines.append(f"why scratch: {plan['why']}")
+  a = plan.get("smaller_model_alone")
+  if a:
+    lines.append(f"note: {a['candidate']} trained alone reaches the same loss in {'at most ' if a['at_most'] else ''}"
+                 f"{a['steps']} steps ({100 * a['saving']:+.1f}% of the FLOPs saved); you would end with that "
+                 f"smaller model, not the target")
+  return "\n".join(lines)
