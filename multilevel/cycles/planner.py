@@ -205,33 +205,17 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   beyond = budget > hi
   target_loss = target.loss_range[0] if beyond else target.loss_at(budget)
   pilots = target_pilot_flops + sum(c.pilot_flops for c in candidates)
-  rows, best = [], None
   if wsd is not None:
     cool = max(1, round(wsd.cooldown_frac * steps))
     min_big = max(round(min_big_frac * steps), math.ceil(cool / (1 - wsd.transition_warmup_frac)), 1)
-    for c, row in _wsd_rows(wsd, candidates, target_step_flops, steps, min_big, jump, shape is not None):
-      rows.append(row)
-      if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
-        best = (c, row)
-  for c in candidates if wsd is None else []:
-    b = bound_at([c.frontier, target], target_loss, jump=jump)
-    row = {"candidate": c.name, "bound": b}
-    if b is not None and b["switch_losses"][0] is not None:
-      switch = b["switch_losses"][0]
-      small = max(1, round(c.frontier.cost(switch) / c.step_flops))
-      big = max(round(min_big_frac * steps), round(steps - target.cost(switch + jump) / target_step_flops), 1)
-      flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
-      row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
-      if best is None or row["saving"] > best[1]["saving"]:
-        best = (c, row)
+    priced = _wsd_rows(wsd, candidates, target_step_flops, steps, min_big, jump, shape is not None)
+  else:
+    priced = _bound_rows(target, target_step_flops, steps, candidates, target_loss, min_big_frac, jump, shape)
+  rows, best = [], None
+  for c, row in priced:  # The first of equal savings wins.
     rows.append(row)
-  if shape is not None and wsd is None:
-    for small in [c for c in candidates if not _one_axis(c)]:
-      for mid in [c for c in candidates if _one_axis(c)]:
-        row = _chain_row(small, mid, target, target_step_flops, steps, target_loss, min_big_frac, jump)
-        rows.append(row)
-        if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
-          best = ((small, mid), row)
+    if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
+      best = (c, row)
   smaller = _smaller_model_alone(candidates, target_loss, budget)
   base = {"train.steps": steps}
   scope = {"handover_jump": jump, "budget_beyond_pilots": beyond,
@@ -242,15 +226,8 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
   if best is None or best[1]["saving"] <= 0:
     # A candidate whose every measured loss lies below the lowest the search reaches never overlaps the target's
     # frontier: no hand-over can be priced, which says nothing about whether one pays. Say what to measure.
-    if wsd is not None:
-      below, why = _wsd_no_overlap(candidates, wsd, steps, target_step_flops, jump)
-    else:
-      below = [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
-      why = ("no candidate's frontier is cheaper than the target's anywhere a hand-over could use it" if not below else
-             f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches (down to "
-             f"{target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses (longer "
-             f"--target_pilots, up to the budget of {steps} steps) or the candidates to higher ones (shorter "
-             f"--small_pilots)")
+    below, why = (_wsd_no_overlap(candidates, wsd, steps, target_step_flops, jump) if wsd is not None else
+                  _bound_no_overlap(candidates, target_loss, steps))
     return {"method": "scratch", "overrides": {**base, "cycle.levels": 1}, "target_loss": target_loss, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "pilot_flops": pilots,
             "net_saving": -pilots / budget, "candidates": rows, "smaller_model_alone": smaller, "why": why,
@@ -275,6 +252,40 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
     out["seed_predictions"] = seed_predictions(c, row["small_steps"], row["big_steps"], wsd, target,
                                                target_step_flops, steps, jump)
   return out
+
+
+def _bound_rows(target: Frontier, target_step_flops: float, steps: int, candidates: Sequence[Candidate],
+                target_loss: float, min_big_frac: float, jump: float, shape: tuple[int, int] | None):
+  """(candidate, row) for each 2-level hand-over at the lossless bound on the decayed frontiers, then, given the
+  target's ``shape``, each 3-level chain of a halved candidate through a one-axis one (rows with no ``saving`` price
+  nothing)."""
+  budget = steps * target_step_flops
+  for c in candidates:
+    b = bound_at([c.frontier, target], target_loss, jump=jump)
+    row = {"candidate": c.name, "bound": b}
+    if b is not None and b["switch_losses"][0] is not None:
+      switch = b["switch_losses"][0]
+      small = max(1, round(c.frontier.cost(switch) / c.step_flops))
+      big = max(round(min_big_frac * steps), round(steps - target.cost(switch + jump) / target_step_flops), 1)
+      flops = target_step_flops * (1 + big) + c.step_flops * small  # One coalescing step, the small, the big.
+      row.update(switch_loss=switch, small_steps=small, big_steps=big, flops=flops, saving=1 - flops / budget)
+    yield c, row
+  if shape is not None:
+    for small in [c for c in candidates if not _one_axis(c)]:
+      for mid in [c for c in candidates if _one_axis(c)]:
+        yield (small, mid), _chain_row(small, mid, target, target_step_flops, steps, target_loss, min_big_frac, jump)
+
+
+def _bound_no_overlap(candidates: Sequence[Candidate], target_loss: float, steps: int) -> tuple[list[str], str]:
+  """Why no hand-over at the bound could be priced: the candidates whose frontier lies wholly below the lowest loss
+  the search reaches, and the reason in words."""
+  below = [c.name for c in candidates if c.frontier.loss_range[1] <= target_loss]
+  if not below:
+    return below, "no candidate's frontier is cheaper than the target's anywhere a hand-over could use it"
+  return below, (f"the frontier of {', '.join(below)} lies wholly below the losses the target's frontier reaches "
+                 f"(down to {target_loss:.4f}), so no hand-over could be priced: measure the target to lower losses "
+                 f"(longer --target_pilots, up to the budget of {steps} steps) or the candidates to higher ones "
+                 f"(shorter --small_pilots)")
 
 
 def _wsd_no_overlap(candidates: Sequence[Candidate], wsd: Wsd, steps: int, target_step_flops: float,
