@@ -10,7 +10,8 @@ depend only on the seed, the global step and the saved iterator position.
 
 The method (``multilevel.cycles.METHODS``) supplies the plan and the transitions; the driver owns the loop, the
 timing, the evaluations and the logs. How a stage's parameters arrive (the first stage's init, the transition into
-each later one) is in ``transitions.py``.
+each later one) is in ``transitions.py``; where a run starts (a fresh start or the latest checkpoint) and what a
+checkpoint holds, in ``resume.py``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ import numpy as np
 from absl import logging
 
 from multilevel import models as M
-from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff, quiet_orbax_logs
+from multilevel.checkpoint import Checkpointer, CheckpointError, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
-from multilevel.cycles.run_config import (RunConfig, default_resolved_config, model_config, objective_config,
-                                          resolved_config)
-from multilevel.cycles.transitions import initial_params, transition
+from multilevel.cycles.resume import checkpoint, fresh, replan, restore
+from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
+from multilevel.cycles.transitions import transition
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
-from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, param_shardings,
-                              put_batch, tokens_per_example)
+from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
+                              tokens_per_example)
 from multilevel.train.views import FULL
 from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError
@@ -164,95 +165,13 @@ class Runner:
   # ---- checkpoints -------------------------------------------------------------------------------------------
 
   def save(self, state: TrainState, held: dict) -> None:
+    """Saves the run where it stands (``resume.checkpoint``) as checkpoint ``pos.save_id``; ``resume.restore``
+    reads the latest one back."""
     self.writer.flush()
-    tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
-    meta = dict(self.pos.to_meta(), config=self.cfg_json, data=self.train_iter.get_state(),
-                metrics_count=self.writer.count)
+    tree, meta = checkpoint(self, state, held)
     self.ckpt.save(self.pos.save_id, tree, meta)  # Device arrays: Orbax writes each process's shards itself.
     _fault(f"save:{self.pos.save_id}")
     self.pos.save_id += 1
-
-  def restore(self):
-    latest = self.ckpt.latest()
-    marker = os.path.join(self.workdir, "run.json")
-    if latest is None:
-      if os.path.exists(marker):
-        raise CheckpointError(f"{self.workdir} holds a started run (run.json) but no complete checkpoint under "
-                              f"{self.ckpt.directory}: the checkpoints were deleted or never finished. Start a new "
-                              f"--workdir, or delete {self.workdir} to start this run over.")
-      return None
-    meta = self.ckpt.restore_meta(latest)
-    diff = config_diff(meta.get("config", {}), self.cfg_json, defaults=default_resolved_config())
-    if diff:
-      raise CheckpointError(f"The checkpoint in {self.workdir} belongs to a different config: " + "; ".join(
-          diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")
-    try:
-      pos = RunPosition.from_meta(meta)
-    except (KeyError, TypeError) as e:
-      raise CheckpointError(f"Checkpoint {latest} in {self.ckpt.directory} was written by another version of "
-                            f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
-    if pos.cuts:
-      self.plan = self._replan(pos.cuts)
-    stage = self.plan.stages[pos.stage]
-    params = stage.view.abstract(self.plan.levels[stage.level])
-    held = self.plan.snapshots_before(stage.index)
-    steps = self.steps_for(stage)
-    abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, stage.view.split(params)[0]),
-                "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in held}}
-    shardings = {"params": steps.shardings.params, "opt_state": steps.shardings.opt_state,
-                 "snapshots": {str(k): param_shardings(self.plan.levels[k], self.mesh) for k in held}}
-    tree = self.ckpt.restore_state(latest, abstract_like(abstract, shardings))
-    self.train_iter.set_state(meta["data"])
-    self.writer.truncate(int(meta["metrics_count"]))
-    pos.save_id = latest + 1
-    self.pos = pos
-    logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos.stage,
-                 pos.stage_step, pos.global_step)
-    return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
-
-  def _replan(self, cuts: list) -> Plan:
-    """The plan with the adaptive stages that ended early cut where they ended (``RunPosition.cuts``)."""
-    run = self.config
-    plan = self.method.build_plan(self.model, run.cycle, run.train, cuts=tuple(tuple(c) for c in cuts))
-    logging.info("%s", plan.describe())
-    return plan
-
-  def _maybe_stop(self, stage: Stage, loss: float) -> bool:
-    """Feeds an adaptive stage's stop rule its evaluation; when the rule fires, cuts the plan here (the unused
-    steps' FLOPs go to the target's last stage as target steps) and returns True."""
-    pos = self.pos
-    pos.stage_evals.append([pos.stage_step, pos.stats(stage.index).flops, loss])
-    why = stage.stop.decide([tuple(e) for e in pos.stage_evals])
-    if why is None:
-      return False
-    tc, last = self.config.train, self.plan.stages[-1]
-    flops = lambda st: st.view.train_flops_per_step(self.plan.levels[st.level], tc.batch_size, self.objective)
-    extra = int((stage.steps - pos.stage_step) * flops(stage) // flops(last))
-    pos.cuts.append([stage.index, pos.stage_step, extra])
-    self.plan = self._replan(pos.cuts)
-    logging.info("Stage %s stops after %d of %d steps (%s at eval loss %.4f: small model %.3g FLOPs/nat, target "
-                 "%.3g); the target's last stage gets %d more steps.", stage.name, pos.stage_step, stage.steps,
-                 why["reason"], why["loss"], why["small_cost"], why["target_cost"], extra)
-    self.writer.write({"step": pos.global_step, "stage": stage.index, "level": stage.level,
-                       "stop": dict(why, steps=pos.stage_step, planned=stage.steps, extra_target_steps=extra)})
-    return True
-
-  def fresh(self):
-    stage = self.plan.stages[0]
-    steps = self.steps_for(stage)
-    params = initial_params(self.config, self.plan, self.mesh, stage.level)
-    if stage.view is not FULL:
-      cfg = self.plan.levels[stage.level]
-      params = jax.jit(lambda p: stage.view.from_model(cfg, p), out_shardings=steps.shardings.params)(params)
-    state = steps.init_state(params)
-    self.pos = RunPosition()
-    self.writer.truncate(0)
-    self.save(state, {})
-    self.ckpt.wait()
-    if self.is_main:
-      write_json_atomic(os.path.join(self.workdir, "run.json"),
-                        {"config": self.cfg_json, "plan": self.plan.describe().splitlines()})
-    return state, {}
 
   # ---- evaluations -------------------------------------------------------------------------------------------
 
@@ -269,8 +188,8 @@ class Runner:
   # ---- the loop ----------------------------------------------------------------------------------------------
 
   def run(self) -> dict:
-    restored = self.restore()
-    state, held = restored if restored is not None else self.fresh()
+    restored = restore(self)
+    state, held = restored if restored is not None else fresh(self)
     progress = self._progress(self.pos.global_step)
     try:
       while True:
@@ -364,6 +283,26 @@ class Runner:
       progress.set_postfix(loss=f"{train_loss:.3f}", level=stage.level)
     if due_ckpt:
       self.save(state, held)
+
+  def _maybe_stop(self, stage: Stage, loss: float) -> bool:
+    """Feeds an adaptive stage's stop rule its evaluation; when the rule fires, cuts the plan here (the unused
+    steps' FLOPs go to the target's last stage as target steps) and returns True."""
+    pos = self.pos
+    pos.stage_evals.append([pos.stage_step, pos.stats(stage.index).flops, loss])
+    why = stage.stop.decide([tuple(e) for e in pos.stage_evals])
+    if why is None:
+      return False
+    tc, last = self.config.train, self.plan.stages[-1]
+    flops = lambda st: st.view.train_flops_per_step(self.plan.levels[st.level], tc.batch_size, self.objective)
+    extra = int((stage.steps - pos.stage_step) * flops(stage) // flops(last))
+    pos.cuts.append([stage.index, pos.stage_step, extra])
+    self.plan = replan(self.method, self.model, self.config, pos.cuts)
+    logging.info("Stage %s stops after %d of %d steps (%s at eval loss %.4f: small model %.3g FLOPs/nat, target "
+                 "%.3g); the target's last stage gets %d more steps.", stage.name, pos.stage_step, stage.steps,
+                 why["reason"], why["loss"], why["small_cost"], why["target_cost"], extra)
+    self.writer.write({"step": pos.global_step, "stage": stage.index, "level": stage.level,
+                       "stop": dict(why, steps=pos.stage_step, planned=stage.steps, extra_target_steps=extra)})
+    return True
 
   def finish(self, state: TrainState) -> dict:
     self.ckpt.wait()
