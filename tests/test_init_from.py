@@ -8,6 +8,7 @@ import pytest
 
 from experiments.configs import bert, deit, gpt
 from multilevel.cycles.driver import Runner
+from multilevel.cycles.transitions import initial_params
 from multilevel.interop import save_hf
 from tests.engine_util import tiny_config
 
@@ -23,13 +24,9 @@ def runner_and_dir(tmp_path_factory):
 def test_init_from_loads_the_checkpoint_exactly(runner_and_dir):
   runner, base = runner_and_dir
   target = runner.plan.levels[0]
-  params = jax.tree.map(lambda x: x + 0.01, runner.initial_params())  # Not the random init.
+  params = jax.tree.map(lambda x: x + 0.01, initial_params(runner.config, runner.plan, runner.mesh))  # Not random.
   save_hf(target, params, str(base / "hf"))
-  runner.config = dataclasses.replace(runner.config, init_from=str(base / "hf"))
-  try:
-    loaded = runner.initial_params()
-  finally:
-    runner.config = dataclasses.replace(runner.config, init_from="")
+  loaded = initial_params(dataclasses.replace(runner.config, init_from=str(base / "hf")), runner.plan, runner.mesh)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
@@ -38,12 +35,9 @@ def test_init_from_a_checkpoint_of_another_shape_is_refused(runner_and_dir):
   other = runner.plan.levels[0].replace(num_layers=3)
   from multilevel import models as M
   save_hf(other, M.init_params(other, 0), str(base / "other"))
-  runner.config = dataclasses.replace(runner.config, init_from=str(base / "other"))
-  try:
-    with pytest.raises(ValueError, match="must match the imported checkpoint"):
-      runner.initial_params()
-  finally:
-    runner.config = dataclasses.replace(runner.config, init_from="")
+  run = dataclasses.replace(runner.config, init_from=str(base / "other"))
+  with pytest.raises(ValueError, match="must match the imported checkpoint"):
+    initial_params(run, runner.plan, runner.mesh)
 
 
 @pytest.mark.parametrize("module", [gpt, bert, deit])

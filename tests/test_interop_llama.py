@@ -144,17 +144,16 @@ def test_tied_checkpoint_with_a_different_head_is_refused():
 
 
 def test_init_from_a_checkpoint_with_another_rotary_base_is_refused(tmp_path):
-  """Same parameter shapes, another function: ``Runner.initial_params`` refuses it (called on a stand-in with just
+  """Same parameter shapes, another function: ``initial_params`` refuses it (called with stand-ins that have just
   the fields it reads, so no run is set up)."""
   from types import SimpleNamespace
 
-  from multilevel.cycles.driver import Runner
+  from multilevel.cycles.transitions import initial_params
   cfg = M.preset("llama-test")
   I.save_hf(cfg.replace(rope_base=5e5), M.init_params(cfg, 0), tmp_path / "hf")
-  stand_in = SimpleNamespace(config=SimpleNamespace(init_from=str(tmp_path / "hf")),
-                             plan=SimpleNamespace(levels=[cfg]))
+  run, plan = SimpleNamespace(init_from=str(tmp_path / "hf")), SimpleNamespace(levels=[cfg])
   with pytest.raises(ValueError, match=r"rope_base=500000.0 in the checkpoint but 10000.0 in the config"):
-    Runner.initial_params(stand_in)
+    initial_params(run, plan, mesh=None)
 
 
 # ------------------------------------------------------------------------------------------- Llama 3 rope scaling
@@ -276,11 +275,10 @@ def test_bad_llama3_rope_scaling_is_refused(change, error, match):
 def test_init_from_a_checkpoint_with_llama3_rope_scaling_is_refused_by_a_plain_config(tmp_path):
   from types import SimpleNamespace
 
-  from multilevel.cycles.driver import Runner
+  from multilevel.cycles.transitions import initial_params
   cfg = M.preset("llama-test")
   I.save_hf(cfg.replace(**LLAMA3_OURS), M.init_params(cfg, 0), tmp_path / "hf")
-  stand_in = SimpleNamespace(config=SimpleNamespace(init_from=str(tmp_path / "hf")),
-                             plan=SimpleNamespace(levels=[cfg]))
+  run, plan = SimpleNamespace(init_from=str(tmp_path / "hf")), SimpleNamespace(levels=[cfg])
   with pytest.raises(ValueError, match=r"rope_scaling='llama3' in the checkpoint but '' in the config.*"
                                         r"rope_original_max_len=256 in the checkpoint but 8192"):
-    Runner.initial_params(stand_in)
+    initial_params(run, plan, mesh=None)

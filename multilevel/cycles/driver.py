@@ -9,7 +9,9 @@ same command ends with the same parameters, bit for bit, as one never interrupte
 depend only on the seed, the global step and the saved iterator position.
 
 The method (``multilevel.cycles.METHODS``) supplies the plan and the transitions; the driver owns the loop, the
-timing, the evaluations and the logs.
+timing, the evaluations and the logs. How a stage's parameters arrive (the first stage's init, the transition into
+each later one) is in ``transitions.py``; where a run starts (a fresh start or the latest checkpoint) and what a
+checkpoint holds, in ``resume.py``.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ import numpy as np
 from absl import logging
 
 from multilevel import models as M
-from multilevel import operators as O
-from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff, quiet_orbax_logs
+from multilevel.checkpoint import Checkpointer, CheckpointError, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
-from multilevel.cycles.run_config import (RunConfig, default_resolved_config, model_config, objective_config,
-                                          resolved_config)
+from multilevel.cycles.resume import checkpoint, fresh, replan, restore
+from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
+from multilevel.cycles.transitions import transition
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
-from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, init_params, make_mesh,
-                              param_shardings, put_batch, tokens_per_example)
+from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
+                              tokens_per_example)
 from multilevel.train.views import FULL
 from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError
@@ -153,7 +155,7 @@ class Runner:
     g = jnp.int32(self.pos.global_step)
     return lambda params, batch, index: fn(params, batch, index, g)
 
-  def _compile(self, build):
+  def compile(self, build):
     """``build()`` (an ahead-of-time compilation), timed as compile seconds: kept out of the training wall-clock."""
     t0 = time.perf_counter()
     out = build()
@@ -163,185 +165,15 @@ class Runner:
   # ---- checkpoints -------------------------------------------------------------------------------------------
 
   def save(self, state: TrainState, held: dict) -> None:
+    """Saves the run where it stands (``resume.checkpoint``) as checkpoint ``pos.save_id``; ``resume.restore``
+    reads the latest one back."""
     self.writer.flush()
-    tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
-    meta = dict(self.pos.to_meta(), config=self.cfg_json, data=self.train_iter.get_state(),
-                metrics_count=self.writer.count)
+    tree, meta = checkpoint(self, state, held)
     self.ckpt.save(self.pos.save_id, tree, meta)  # Device arrays: Orbax writes each process's shards itself.
     _fault(f"save:{self.pos.save_id}")
     self.pos.save_id += 1
 
-  def restore(self):
-    latest = self.ckpt.latest()
-    marker = os.path.join(self.workdir, "run.json")
-    if latest is None:
-      if os.path.exists(marker):
-        raise CheckpointError(f"{self.workdir} holds a started run (run.json) but no complete checkpoint under "
-                              f"{self.ckpt.directory}: the checkpoints were deleted or never finished. Start a new "
-                              f"--workdir, or delete {self.workdir} to start this run over.")
-      return None
-    meta = self.ckpt.restore_meta(latest)
-    diff = config_diff(meta.get("config", {}), self.cfg_json, defaults=default_resolved_config())
-    if diff:
-      raise CheckpointError(f"The checkpoint in {self.workdir} belongs to a different config: " + "; ".join(
-          diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")
-    try:
-      pos = RunPosition.from_meta(meta)
-    except (KeyError, TypeError) as e:
-      raise CheckpointError(f"Checkpoint {latest} in {self.ckpt.directory} was written by another version of "
-                            f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
-    if pos.cuts:
-      self.plan = self._replan(pos.cuts)
-    stage = self.plan.stages[pos.stage]
-    params = stage.view.abstract(self.plan.levels[stage.level])
-    held = self.plan.snapshots_before(stage.index)
-    steps = self.steps_for(stage)
-    abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, stage.view.split(params)[0]),
-                "snapshots": {str(k): M.abstract_params(self.plan.levels[k]) for k in held}}
-    shardings = {"params": steps.shardings.params, "opt_state": steps.shardings.opt_state,
-                 "snapshots": {str(k): self.param_shardings(k) for k in held}}
-    tree = self.ckpt.restore_state(latest, abstract_like(abstract, shardings))
-    self.train_iter.set_state(meta["data"])
-    self.writer.truncate(int(meta["metrics_count"]))
-    pos.save_id = latest + 1
-    self.pos = pos
-    logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos.stage,
-                 pos.stage_step, pos.global_step)
-    return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
-
-  def _replan(self, cuts: list) -> Plan:
-    """The plan with the adaptive stages that ended early cut where they ended (``RunPosition.cuts``)."""
-    run = self.config
-    plan = self.method.build_plan(self.model, run.cycle, run.train, cuts=tuple(tuple(c) for c in cuts))
-    logging.info("%s", plan.describe())
-    return plan
-
-  def _maybe_stop(self, stage: Stage, loss: float) -> bool:
-    """Feeds an adaptive stage's stop rule its evaluation; when the rule fires, cuts the plan here (the unused
-    steps' FLOPs go to the target's last stage as target steps) and returns True."""
-    pos = self.pos
-    pos.stage_evals.append([pos.stage_step, pos.stats(stage.index).flops, loss])
-    why = stage.stop.decide([tuple(e) for e in pos.stage_evals])
-    if why is None:
-      return False
-    tc, last = self.config.train, self.plan.stages[-1]
-    flops = lambda st: st.view.train_flops_per_step(self.plan.levels[st.level], tc.batch_size, self.objective)
-    extra = int((stage.steps - pos.stage_step) * flops(stage) // flops(last))
-    pos.cuts.append([stage.index, pos.stage_step, extra])
-    self.plan = self._replan(pos.cuts)
-    logging.info("Stage %s stops after %d of %d steps (%s at eval loss %.4f: small model %.3g FLOPs/nat, target "
-                 "%.3g); the target's last stage gets %d more steps.", stage.name, pos.stage_step, stage.steps,
-                 why["reason"], why["loss"], why["small_cost"], why["target_cost"], extra)
-    self.writer.write({"step": pos.global_step, "stage": stage.index, "level": stage.level,
-                       "stop": dict(why, steps=pos.stage_step, planned=stage.steps, extra_target_steps=extra)})
-    return True
-
-  def fresh(self):
-    stage = self.plan.stages[0]
-    steps = self.steps_for(stage)
-    params = self.initial_params(stage.level)
-    if stage.view is not FULL:
-      cfg = self.plan.levels[stage.level]
-      params = jax.jit(lambda p: stage.view.from_model(cfg, p), out_shardings=steps.shardings.params)(params)
-    state = steps.init_state(params)
-    self.pos = RunPosition()
-    self.writer.truncate(0)
-    self.save(state, {})
-    self.ckpt.wait()
-    if self.is_main:
-      write_json_atomic(os.path.join(self.workdir, "run.json"),
-                        {"config": self.cfg_json, "plan": self.plan.describe().splitlines()})
-    return state, {}
-
-  def initial_params(self, level: int = 0):
-    """Random init of the first stage's model (``level``), or the weights of a Hugging Face checkpoint
-    (``config.init_from``) for the target model."""
-    source = self.config.init_from
-    if not source:
-      return init_params(self.plan.levels[level], self.config.train.seed, self.mesh)
-    if level != 0:
-      raise ConfigError(f"init_from={source!r} gives the target model's weights, but method {self.plan.method!r} "
-                        f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
-                        f"with init_from, or leave init_from empty.")
-    from multilevel.interop import load_hf
-    imported, params = load_hf(source)
-    target = self.plan.levels[0]
-    try:
-      M.check_params(params, target, f"the checkpoint {source}")
-    except ValueError as e:
-      raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
-                       f"vocab_size, max_len; for llama also num_kv_heads, ffn_size, tie_embeddings); set "
-                       f"--config.model.* and data.tokenizer to the checkpoint's.") from e
-    # Settings that change the function but no parameter's shape: a mismatch would go unnoticed by the check above.
-    unshaped = ("eps", "rope_base", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                "rope_original_max_len")
-    differ = {f: (getattr(imported, f), getattr(target, f)) for f in unshaped
-              if getattr(imported, f) != getattr(target, f)}
-    if differ:
-      said = ", ".join(f"{f}={a!r} in the checkpoint but {b!r} in the config" for f, (a, b) in differ.items())
-      raise ValueError(f"The checkpoint {source} was trained with other settings than the model config: {said}. "
-                       f"Set --config.model.ln_eps / --config.model.rope_base (and the other "
-                       f"--config.model.rope_* settings) to the checkpoint's.")
-    logging.info("Initialised the target model from %s.", source)
-    return jax.device_put(params, self.param_shardings(0))
-
-  # ---- transitions -------------------------------------------------------------------------------------------
-
-  def transition(self, state: TrainState, held: dict, src: Stage, dst: Stage):
-    """Runs the method's transition into ``dst`` (compiled ahead; its run time counted as transition seconds),
-    then evaluates its probes and the resulting parameters, logged as events and not timed."""
-    t = self.method.transition(self.plan, src, dst)
-    try:  # The operators run under jit, where they cannot look at values: one eager check of what they receive.
-      O.require_finite(state.params, f"stage {src.name}")
-    except ValueError as e:
-      raise FloatingPointError(f"{e} Global step {self.pos.global_step}, before the transition into stage "
-                               f"{dst.name}; nothing was saved after it, the last good checkpoint is in "
-                               f"{self.ckpt.directory}.") from None
-
-    def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
-      outs = self._part_shardings(jax.eval_shape(fn, carry), t, dst)
-      compiled = self._compile(lambda: jax.jit(fn, out_shardings=outs).lower(carry).compile())
-
-      def timed(c):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(compiled(c))
-        self.pos.transition_seconds += time.perf_counter() - t0
-        return out
-      return timed
-
-    out = t.run({"params": state.params, "opt_state": state.opt_state, "taken": {k: held[k] for k in t.takes}},
-                compile_part)
-    params, opt_state, probes = out["params"], out["opt_state"], {k: out[k] for k in t.probe_levels}
-    held = {k: v for k, v in held.items() if k not in t.takes}
-    held.update(out["put"])
-    if tuple(sorted(held)) != self.plan.snapshots_before(dst.index):
-      raise AssertionError(f"Transition {t.name} into stage {dst.name} leaves snapshots {sorted(held)}, but the plan "
-                           f"holds {self.plan.snapshots_before(dst.index)}: the method's plan and transition disagree.")
-    g = self.pos.global_step
-    for event, tree in probes.items():
-      self.log_eval(self.eval_fn(t.probe_levels[event]), tree, dst, g, event)
-    self.log_eval(self.eval_fn(dst.level, dst.view), params, dst, g, t.final_event)
-    return TrainState(params, opt_state), held
-
-  def param_shardings(self, level: int):
-    return param_shardings(self.plan.levels[level], self.mesh)
-
-  def _part_shardings(self, out: dict, t, dst: Stage) -> dict:
-    """Where a transition part's outputs live: each tree of a level with that level's shardings (a coalesced tree is
-    written straight into the small model's shards, never gathered whole)."""
-    level_of = dict(t.probe_levels)
-    shardings = {}
-    for key in out:
-      if key in ("params", "opt_state"):  # The next stage's state, as its view holds it.
-        shardings[key] = getattr(self.steps_for(dst).shardings, key)
-      elif key == "put":
-        shardings[key] = {lvl: self.param_shardings(lvl) for lvl in out[key]}
-      elif key in level_of:
-        shardings[key] = self.param_shardings(level_of[key])
-      else:
-        raise KeyError(f"Transition {t.name} returned {key!r}, which is no level's tree (params, opt_state, put, or a "
-                       f"probe named in probe_levels).")
-    return shardings
+  # ---- evaluations -------------------------------------------------------------------------------------------
 
   def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str) -> dict:
     ev = self.evaluate(eval_fn, params)
@@ -356,8 +188,8 @@ class Runner:
   # ---- the loop ----------------------------------------------------------------------------------------------
 
   def run(self) -> dict:
-    restored = self.restore()
-    state, held = restored if restored is not None else self.fresh()
+    restored = restore(self)
+    state, held = restored if restored is not None else fresh(self)
     progress = self._progress(self.pos.global_step)
     try:
       while True:
@@ -367,7 +199,7 @@ class Runner:
         if self.pos.stage + 1 == len(self.plan.stages):
           break
         nxt = self.plan.stages[self.pos.stage + 1]
-        state, held = self.transition(state, held, stage, nxt)
+        state, held = transition(self, state, held, stage, nxt)
         self.pos.enter(nxt.index)
         _fault(f"transition:{nxt.index}")
         self.save(state, held)
@@ -391,7 +223,7 @@ class Runner:
       batch = put_batch(next(self.train_iter), self.mesh)
       if compiled is None:  # Compile outside the timed region: train seconds are steps, not compilation.
         timer.pause(state)
-        compiled = self._compile(lambda: steps.compile_train(state, batch, jnp.int32(g)))
+        compiled = self.compile(lambda: steps.compile_train(state, batch, jnp.int32(g)))
         timer.start()
       state, metrics = compiled(state, batch, jnp.int32(g))
       _fault(f"step:{g + 1}")
@@ -451,6 +283,26 @@ class Runner:
       progress.set_postfix(loss=f"{train_loss:.3f}", level=stage.level)
     if due_ckpt:
       self.save(state, held)
+
+  def _maybe_stop(self, stage: Stage, loss: float) -> bool:
+    """Feeds an adaptive stage's stop rule its evaluation; when the rule fires, cuts the plan here (the unused
+    steps' FLOPs go to the target's last stage as target steps) and returns True."""
+    pos = self.pos
+    pos.stage_evals.append([pos.stage_step, pos.stats(stage.index).flops, loss])
+    why = stage.stop.decide([tuple(e) for e in pos.stage_evals])
+    if why is None:
+      return False
+    tc, last = self.config.train, self.plan.stages[-1]
+    flops = lambda st: st.view.train_flops_per_step(self.plan.levels[st.level], tc.batch_size, self.objective)
+    extra = int((stage.steps - pos.stage_step) * flops(stage) // flops(last))
+    pos.cuts.append([stage.index, pos.stage_step, extra])
+    self.plan = replan(self.method, self.model, self.config, pos.cuts)
+    logging.info("Stage %s stops after %d of %d steps (%s at eval loss %.4f: small model %.3g FLOPs/nat, target "
+                 "%.3g); the target's last stage gets %d more steps.", stage.name, pos.stage_step, stage.steps,
+                 why["reason"], why["loss"], why["small_cost"], why["target_cost"], extra)
+    self.writer.write({"step": pos.global_step, "stage": stage.index, "level": stage.level,
+                       "stop": dict(why, steps=pos.stage_step, planned=stage.steps, extra_target_steps=extra)})
+    return True
 
   def finish(self, state: TrainState) -> dict:
     self.ckpt.wait()

@@ -1,0 +1,110 @@
+"""Where a run starts: its workdir's latest checkpoint, else a fresh start; and what a checkpoint holds.
+
+A checkpoint is a tree (the stage's parameters and optimizer state, the snapshots held for later transitions) and a
+meta record (``RunPosition``, the resolved config, the data iterator's position, the number of metrics records), so
+a resumed run continues exactly where it stopped: the plan is rebuilt with the cuts the run had made, the data and
+the metrics file are rewound to the save. A fresh start saves at once and then marks the workdir as started
+(``run.json``); a started workdir without a complete checkpoint, a checkpoint of another config, or one written by
+another version is refused with what to do, never silently started over.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import jax
+from absl import logging
+
+from multilevel import models as M
+from multilevel.checkpoint import CheckpointError, abstract_like, config_diff
+from multilevel.cycles.plan import Method, Plan
+from multilevel.cycles.position import RunPosition
+from multilevel.cycles.run_config import RunConfig, default_resolved_config
+from multilevel.cycles.transitions import initial_params
+from multilevel.metrics import write_json_atomic
+from multilevel.models import ModelConfig
+from multilevel.train import TrainState, param_shardings
+from multilevel.train.views import FULL
+
+if TYPE_CHECKING:  # Only for the annotations: the driver imports this module.
+  from multilevel.cycles.driver import Runner
+
+
+def checkpoint(runner: Runner, state: TrainState, held: dict) -> tuple[dict, dict]:
+  """The tree and the meta record that save the run where it stands (``restore`` reads them back)."""
+  tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
+  meta = dict(runner.pos.to_meta(), config=runner.cfg_json, data=runner.train_iter.get_state(),
+              metrics_count=runner.writer.count)
+  return tree, meta
+
+
+def restore(runner: Runner) -> tuple[TrainState, dict] | None:
+  """The state and held snapshots of the workdir's latest checkpoint, with the runner's plan, position, data
+  iterator and metrics file set back to it; None for a workdir where no run has started."""
+  ckpt, workdir = runner.ckpt, runner.workdir
+  latest = ckpt.latest()
+  marker = os.path.join(workdir, "run.json")
+  if latest is None:
+    if os.path.exists(marker):
+      raise CheckpointError(f"{workdir} holds a started run (run.json) but no complete checkpoint under "
+                            f"{ckpt.directory}: the checkpoints were deleted or never finished. Start a new "
+                            f"--workdir, or delete {workdir} to start this run over.")
+    return None
+  meta = ckpt.restore_meta(latest)
+  diff = config_diff(meta.get("config", {}), runner.cfg_json, defaults=default_resolved_config())
+  if diff:
+    raise CheckpointError(f"The checkpoint in {workdir} belongs to a different config: " + "; ".join(
+        diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")
+  try:
+    pos = RunPosition.from_meta(meta)
+  except (KeyError, TypeError) as e:
+    raise CheckpointError(f"Checkpoint {latest} in {ckpt.directory} was written by another version of "
+                          f"multilevel ({e}); resume it with that version, or start a new --workdir.") from None
+  if pos.cuts:
+    runner.plan = replan(runner.method, runner.model, runner.config, pos.cuts)
+  plan = runner.plan
+  stage = plan.stages[pos.stage]
+  params = stage.view.abstract(plan.levels[stage.level])
+  held = plan.snapshots_before(stage.index)
+  steps = runner.steps_for(stage)
+  abstract = {"params": params, "opt_state": jax.eval_shape(steps.tx.init, stage.view.split(params)[0]),
+              "snapshots": {str(k): M.abstract_params(plan.levels[k]) for k in held}}
+  shardings = {"params": steps.shardings.params, "opt_state": steps.shardings.opt_state,
+               "snapshots": {str(k): param_shardings(plan.levels[k], runner.mesh) for k in held}}
+  tree = ckpt.restore_state(latest, abstract_like(abstract, shardings))
+  runner.train_iter.set_state(meta["data"])
+  runner.writer.truncate(int(meta["metrics_count"]))
+  pos.save_id = latest + 1
+  runner.pos = pos
+  logging.info("Resumed from checkpoint %d: stage %d step %d (global step %d).", latest, pos.stage,
+               pos.stage_step, pos.global_step)
+  return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
+
+
+def fresh(runner: Runner) -> tuple[TrainState, dict]:
+  """The first stage's initial state, saved as checkpoint 0 (and waited for) before the workdir is marked as started
+  (``run.json``): a marked workdir always has a checkpoint, so one without is known to be damaged."""
+  plan = runner.plan
+  stage = plan.stages[0]
+  steps = runner.steps_for(stage)
+  params = initial_params(runner.config, plan, runner.mesh, stage.level)
+  if stage.view is not FULL:
+    cfg = plan.levels[stage.level]
+    params = jax.jit(lambda p: stage.view.from_model(cfg, p), out_shardings=steps.shardings.params)(params)
+  state = steps.init_state(params)
+  runner.pos = RunPosition()
+  runner.writer.truncate(0)
+  runner.save(state, {})
+  runner.ckpt.wait()
+  if runner.is_main:
+    write_json_atomic(os.path.join(runner.workdir, "run.json"),
+                      {"config": runner.cfg_json, "plan": plan.describe().splitlines()})
+  return state, {}
+
+
+def replan(method: Method, model: ModelConfig, run: RunConfig, cuts: list) -> Plan:
+  """The plan with the adaptive stages that ended early cut where they ended (``RunPosition.cuts``)."""
+  plan = method.build_plan(model, run.cycle, run.train, cuts=tuple(tuple(c) for c in cuts))
+  logging.info("%s", plan.describe())
+  return plan

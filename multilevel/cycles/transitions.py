@@ -1,0 +1,121 @@
+"""How each stage's parameters come to be: the first stage's initial parameters, and the transition into every later
+stage, as the driver runs them.
+
+The method says *what* a transition computes (``plan.Transition``: pure, jitted parts built from the operators); this
+module is the driver's side of it: every part compiled ahead of time with its outputs placed where the next stage
+(or the level it belongs to) keeps them, its run time counted as transition seconds and its compilation as compile
+seconds, the snapshots it leaves checked against the plan, and its probes and result evaluated and logged as
+events. The first stage starts from a random init, or from a Hugging Face checkpoint (``init_from``) checked
+against the config, including the settings no parameter's shape would reveal.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import jax
+from absl import logging
+
+from multilevel import models as M
+from multilevel import operators as O
+from multilevel.cycles.plan import Plan, Stage, Transition
+from multilevel.cycles.run_config import RunConfig
+from multilevel.train import TrainState, init_params, param_shardings
+from multilevel.typed_config import ConfigError
+
+if TYPE_CHECKING:  # Only for the annotations: the driver imports this module.
+  from multilevel.cycles.driver import Runner
+
+# Settings that change the function but no parameter's shape: an imported checkpoint's must equal the config's.
+UNSHAPED = ("eps", "rope_base", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+            "rope_original_max_len")
+
+
+def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
+  """Random init of the first stage's model (``level``), or the weights of a Hugging Face checkpoint
+  (``run.init_from``) for the target model, placed with the target's shardings on ``mesh``."""
+  source = run.init_from
+  if not source:
+    return init_params(plan.levels[level], run.train.seed, mesh)
+  if level != 0:
+    raise ConfigError(f"init_from={source!r} gives the target model's weights, but method {plan.method!r} "
+                      f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
+                      f"with init_from, or leave init_from empty.")
+  from multilevel.interop import load_hf  # Imported here: only a run that starts from a checkpoint needs it.
+  imported, params = load_hf(source)
+  target = plan.levels[0]
+  try:
+    M.check_params(params, target, f"the checkpoint {source}")
+  except ValueError as e:
+    raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
+                     f"vocab_size, max_len; for llama also num_kv_heads, ffn_size, tie_embeddings); set "
+                     f"--config.model.* and data.tokenizer to the checkpoint's.") from e
+  # A mismatch of these would go unnoticed by the check above.
+  differ = {f: (getattr(imported, f), getattr(target, f)) for f in UNSHAPED
+            if getattr(imported, f) != getattr(target, f)}
+  if differ:
+    said = ", ".join(f"{f}={a!r} in the checkpoint but {b!r} in the config" for f, (a, b) in differ.items())
+    raise ValueError(f"The checkpoint {source} was trained with other settings than the model config: {said}. "
+                     f"Set --config.model.ln_eps / --config.model.rope_base (and the other "
+                     f"--config.model.rope_* settings) to the checkpoint's.")
+  logging.info("Initialised the target model from %s.", source)
+  return jax.device_put(params, param_shardings(target, mesh))
+
+
+def transition(runner: Runner, state: TrainState, held: dict, src: Stage, dst: Stage) -> tuple[TrainState, dict]:
+  """Runs the method's transition from ``src`` into ``dst`` on the runner's state and held snapshots (compiled
+  ahead; its run time counted as transition seconds), then evaluates its probes and the resulting parameters, logged
+  as events and not timed. Returns the next stage's state and the snapshots held from then on."""
+  plan = runner.plan
+  t = runner.method.transition(plan, src, dst)
+  try:  # The operators run under jit, where they cannot look at values: one eager check of what they receive.
+    O.require_finite(state.params, f"stage {src.name}")
+  except ValueError as e:
+    raise FloatingPointError(f"{e} Global step {runner.pos.global_step}, before the transition into stage "
+                             f"{dst.name}; nothing was saved after it, the last good checkpoint is in "
+                             f"{runner.ckpt.directory}.") from None
+
+  def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
+    outs = _part_shardings(jax.eval_shape(fn, carry), t, plan, runner.mesh, lambda: runner.steps_for(dst).shardings)
+    compiled = runner.compile(lambda: jax.jit(fn, out_shardings=outs).lower(carry).compile())
+
+    def timed(c):
+      t0 = time.perf_counter()
+      out = jax.block_until_ready(compiled(c))
+      runner.pos.transition_seconds += time.perf_counter() - t0
+      return out
+    return timed
+
+  out = t.run({"params": state.params, "opt_state": state.opt_state, "taken": {k: held[k] for k in t.takes}},
+              compile_part)
+  params, opt_state, probes = out["params"], out["opt_state"], {k: out[k] for k in t.probe_levels}
+  held = {k: v for k, v in held.items() if k not in t.takes}
+  held.update(out["put"])
+  if tuple(sorted(held)) != plan.snapshots_before(dst.index):
+    raise AssertionError(f"Transition {t.name} into stage {dst.name} leaves snapshots {sorted(held)}, but the plan "
+                         f"holds {plan.snapshots_before(dst.index)}: the method's plan and transition disagree.")
+  g = runner.pos.global_step
+  for event, tree in probes.items():
+    runner.log_eval(runner.eval_fn(t.probe_levels[event]), tree, dst, g, event)
+  runner.log_eval(runner.eval_fn(dst.level, dst.view), params, dst, g, t.final_event)
+  return TrainState(params, opt_state), held
+
+
+def _part_shardings(out: dict, t: Transition, plan: Plan, mesh, next_state) -> dict:
+  """Where a transition part's outputs live: each tree of a level with that level's shardings (a coalesced tree is
+  written straight into the small model's shards, never gathered whole). ``next_state()`` gives the shardings of the
+  next stage's state (``TrainState`` of shardings), asked for only by a part that returns it."""
+  level_of = dict(t.probe_levels)
+  shardings = {}
+  for key in out:
+    if key in ("params", "opt_state"):  # The next stage's state, as its view holds it.
+      shardings[key] = getattr(next_state(), key)
+    elif key == "put":
+      shardings[key] = {lvl: param_shardings(plan.levels[lvl], mesh) for lvl in out[key]}
+    elif key in level_of:
+      shardings[key] = param_shardings(plan.levels[level_of[key]], mesh)
+    else:
+      raise KeyError(f"Transition {t.name} returned {key!r}, which is no level's tree (params, opt_state, put, or a "
+                     f"probe named in probe_levels).")
+  return shardings
