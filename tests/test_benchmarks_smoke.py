@@ -82,6 +82,28 @@ def test_throughput_script_tiny(tmp_path):
   assert gpt["ratio_median"] > 0 and bert["ratio_median"] > 0
 
 
+
+def test_xla_options_are_timed_each_in_its_own_process_against_the_baseline(tmp_path):
+  """Each option runs in a child with XLA_FLAGS set (the baseline's ratio is 1 in every pass, the option's XLA_FLAGS
+  reach the child), and a bad --threads is refused before any child starts."""
+  out = tmp_path / "xla.json"
+  tiny = ["--layers=1", "--heads=2", "--head_dim=16", "--vocab=256", "--seq=16", "--batch=2", "--warmup=1", "--steps=1"]
+  _run(["-m", "benchmarks.xla_flags", *tiny, "--passes=2", "--options=,--xla_cpu_enable_fast_math=false",
+        f"--out={out}"])
+  doc = json.loads(out.read_text())
+  base, other = doc["families"]["gpt"]["rows"]
+  assert (base["option"], base["ratio"], base["ratio_min"], base["ratio_max"]) == ("", 1.0, 1.0, 1.0)
+  assert other["option"] == "--xla_cpu_enable_fast_math=false" and other["ratio"] > 0
+  assert len(base["losses"]) == 1 and base["losses"] == other["losses"]  # Same step, same numerics.
+  assert doc["threads"] == 1 and len(doc["families"]["gpt"]["passes"]) == 2
+  from benchmarks import xla_flags
+  assert xla_flags.child_env("--a", 1)["XLA_FLAGS"] == "--a " + xla_flags.ONE_THREAD
+  assert xla_flags.child_env("", 0)["XLA_FLAGS"] == ""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  bad = subprocess.run([sys.executable, "-m", "benchmarks.xla_flags", "--threads=3"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "--threads must be 1 or 0" in bad.stderr
+
 def test_the_frontier_fit_recovers_a_power_law_and_reads_costs_off_it():
   from benchmarks.frontiers import fit_frontier, fitted_cost
   true = {"E": 2.5, "A": 40.0, "a": 0.3}
