@@ -52,3 +52,14 @@ def test_unknown_protocol_or_size_is_refused():
     gpt.get_config("test,fast")
   with pytest.raises(ValueError, match="Unknown gpt size"):
     gpt.get_config("huge")
+
+
+def test_the_runner_has_what_transitions_and_resume_declare_they_need(runner_and_dir):
+  """transitions.Host and resume.Host name what those modules read off the driver's Runner (so that they need not
+  import the driver): a renamed Runner attribute or method fails here, not in the middle of a run."""
+  from multilevel.cycles import resume, transitions
+  runner, _ = runner_and_dir
+  for host in (transitions.Host, resume.Host):
+    names = set(host.__annotations__) | {n for n, v in vars(host).items() if callable(v) and not n.startswith("_")}
+    assert {"plan", "steps_for"} <= names
+    assert [n for n in sorted(names) if not hasattr(runner, n)] == [], host

@@ -11,27 +11,48 @@ another version is refused with what to do, never silently started over.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import jax
 from absl import logging
 
 from multilevel import models as M
-from multilevel.checkpoint import CheckpointError, abstract_like, config_diff
-from multilevel.cycles.plan import Method, Plan
+from multilevel.checkpoint import Checkpointer, CheckpointError, abstract_like, config_diff
+from multilevel.cycles.plan import Method, Plan, Stage
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.run_config import RunConfig, default_resolved_config
 from multilevel.cycles.transitions import initial_params
-from multilevel.metrics import write_json_atomic
+from multilevel.metrics import MetricsWriter, write_json_atomic
 from multilevel.models import ModelConfig
 from multilevel.train import TrainState, param_shardings
 from multilevel.train.views import FULL
 
-if TYPE_CHECKING:  # Only for the annotations: the driver imports this module.
-  from multilevel.cycles.driver import Runner
+
+class Host(Protocol):
+  """What starting, restoring and saving a run need from the run (``driver.Runner``): its config (as given and as
+  resolved to JSON), method, model, mesh and workdir, its checkpointer, data iterator and metrics writer, where it
+  stands (``pos``, set here) and its plan (rebuilt here with the run's cuts), each stage's compiled steps, and its
+  save. Declared here so that this module does not import the driver."""
+
+  config: RunConfig
+  cfg_json: dict
+  method: Method
+  model: ModelConfig
+  mesh: Any
+  workdir: str
+  is_main: bool
+  ckpt: Checkpointer
+  train_iter: Any
+  writer: MetricsWriter
+  pos: RunPosition
+  plan: Plan
+
+  def steps_for(self, stage: Stage) -> Any: ...
+
+  def save(self, state: TrainState, held: dict) -> None: ...
 
 
-def checkpoint(runner: Runner, state: TrainState, held: dict) -> tuple[dict, dict]:
+def checkpoint(runner: Host, state: TrainState, held: dict) -> tuple[dict, dict]:
   """The tree and the meta record that save the run where it stands (``restore`` reads them back)."""
   tree = {"params": state.params, "opt_state": state.opt_state, "snapshots": {str(k): v for k, v in held.items()}}
   meta = dict(runner.pos.to_meta(), config=runner.cfg_json, data=runner.train_iter.get_state(),
@@ -39,7 +60,7 @@ def checkpoint(runner: Runner, state: TrainState, held: dict) -> tuple[dict, dic
   return tree, meta
 
 
-def restore(runner: Runner) -> tuple[TrainState, dict] | None:
+def restore(runner: Host) -> tuple[TrainState, dict] | None:
   """The state and held snapshots of the workdir's latest checkpoint, with the runner's plan, position, data
   iterator and metrics file set back to it; None for a workdir where no run has started."""
   ckpt, workdir = runner.ckpt, runner.workdir
@@ -82,7 +103,7 @@ def restore(runner: Runner) -> tuple[TrainState, dict] | None:
   return TrainState(tree["params"], tree["opt_state"]), {int(k): v for k, v in tree["snapshots"].items()}
 
 
-def fresh(runner: Runner) -> tuple[TrainState, dict]:
+def fresh(runner: Host) -> tuple[TrainState, dict]:
   """The first stage's initial state, saved as checkpoint 0 (and waited for) before the workdir is marked as started
   (``run.json``): a marked workdir always has a checkpoint, so one without is known to be damaged."""
   plan = runner.plan

@@ -12,20 +12,39 @@ against the config, including the settings no parameter's shape would reveal.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 import jax
 from absl import logging
 
 from multilevel import models as M
 from multilevel import operators as O
-from multilevel.cycles.plan import Plan, Stage, Transition
+from multilevel.checkpoint import Checkpointer
+from multilevel.cycles.plan import Method, Plan, Stage, Transition
+from multilevel.cycles.position import RunPosition
 from multilevel.cycles.run_config import RunConfig
 from multilevel.train import TrainState, init_params, param_shardings
 from multilevel.typed_config import ConfigError
 
-if TYPE_CHECKING:  # Only for the annotations: the driver imports this module.
-  from multilevel.cycles.driver import Runner
+
+class Host(Protocol):
+  """What a transition needs from the run that hosts it (``driver.Runner``): the plan and where the run stands, the
+  mesh, the method, the checkpointer (to wait for a pending save), each stage's compiled steps, and the timed
+  compilation and logged evaluation of the driver. Declared here so that this module does not import the driver."""
+
+  plan: Plan
+  pos: RunPosition
+  mesh: Any
+  method: Method
+  ckpt: Checkpointer
+
+  def steps_for(self, stage: Stage) -> Any: ...
+
+  def compile(self, build: Callable[[], Any]) -> Any: ...
+
+  def eval_fn(self, level: int, view: Any = ...) -> Callable: ...
+
+  def log_eval(self, eval_fn: Callable, params: Any, stage: Stage, g: int, event: str) -> dict: ...
 
 # Settings that change the function but no parameter's shape: an imported checkpoint's must equal the config's.
 UNSHAPED = ("eps", "rope_base", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
@@ -63,7 +82,7 @@ def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
   return jax.device_put(params, param_shardings(target, mesh))
 
 
-def transition(runner: Runner, state: TrainState, held: dict, src: Stage, dst: Stage) -> tuple[TrainState, dict]:
+def transition(runner: Host, state: TrainState, held: dict, src: Stage, dst: Stage) -> tuple[TrainState, dict]:
   """Runs the method's transition from ``src`` into ``dst`` on the runner's state and held snapshots (compiled
   ahead; its run time counted as transition seconds), then evaluates its probes and the resulting parameters, logged
   as events and not timed. Returns the next stage's state and the snapshots held from then on."""
