@@ -62,9 +62,11 @@ _PRICING = flags.DEFINE_enum("pricing", "auto", ["auto", "bound", "wsd"], "How h
 _RATES = flags.DEFINE_list("growth_rates", [], "GROWTH=RATE for depth, width, both: how fast the target learns after "
                            "growing in that way, as a fraction of its scratch run's pace (default 1, the bound's "
                            "assumption). benchmarks/results/growth_rates_*.json has measured ones.")
-_RATES_FROM = flags.DEFINE_list("growth_rates_from", [], "GROWTH=WORKDIR: measure the rate from an earlier V-cycle run "
-                                "of this config that grew that way (its target's progress on the target's stable "
-                                "curve per FLOP, from its growth to its cool-down).")
+_RATES_FROM = flags.DEFINE_list("growth_rates_from", [], "GROWTH=WORKDIR[+WORKDIR...]: measure the rate from earlier "
+                                "V-cycle runs of this config that grew that way (their target's progress on the "
+                                "target's stable curve per FLOP, from its growth to its cool-down; several runs, e.g. "
+                                "a planned run at each seed: their mean). Re-planning with a plan's own runs this way "
+                                "prices what its growth measured.")
 _ONLINE_STOP = flags.DEFINE_bool("online_stop", False, "Let the planned run end its small stage itself, by the online "
                                   "stop rule (cycle.small_stop='frontier', multilevel/cycles/switch.py) against the "
                                   "target's stable curve (WSD pricing) or decayed frontier: each seed's small model "
@@ -258,15 +260,18 @@ def wsd_settings(base, target_curve, record: dict):
       rates[kind] = float(value)
     except ValueError:
       raise app.UsageError(f"--growth_rates: {kind}={value} is not a number.") from None
-  for kind, w in _pairs(_RATES_FROM.value, "--growth_rates_from"):
-    if not os.path.exists(os.path.join(w, "metrics.jsonl")):
-      raise app.UsageError(f"--growth_rates_from={kind}={w}: no metrics.jsonl there (a run's workdir is expected).")
-    r = growth.rate_from_records(read_metrics(w), stable)
-    if r is None:
-      raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak rate "
-                           f"on the target's stable curve; is it a V-cycle run of this config?")
-    rates[kind] = r["rate"]
-    record.setdefault("growth_rates_measured", {})[kind] = dict(r, workdir=w)
+  for kind, workdirs in _pairs(_RATES_FROM.value, "--growth_rates_from"):
+    measured = []
+    for w in workdirs.split("+"):
+      if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+        raise app.UsageError(f"--growth_rates_from={kind}={w}: no metrics.jsonl there (a run's workdir is expected).")
+      r = growth.rate_from_records(read_metrics(w), stable)
+      if r is None:
+        raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak "
+                             f"rate on the target's stable curve; is it a V-cycle run of this config?")
+      measured.append(dict(r, workdir=w))
+    rates[kind] = sum(r["rate"] for r in measured) / len(measured)  # The runs' mean (seeds, or plan and V-cycle).
+    record.setdefault("growth_rates_measured", {})[kind] = {"rate": rates[kind], "runs": measured}
   try:
     settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac),
                            float(base.train.warmup_frac))

@@ -183,19 +183,25 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   run = tmp_path / "run"
   run.mkdir()
   run.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records_of_a_grown_run(0.5)) + "\n")
+  other = tmp_path / "other"  # A second run (another seed, say): the plan prices the runs' mean rate.
+  other.mkdir()
+  other.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records_of_a_grown_run(0.3)) + "\n")
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=4000", "--set=train.decay=wsd",
           f"--target_from={target}", f"--small_from={level}"]
-  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}", "--online_stop"],
+  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}+{other}", "--online_stop"],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "w" / "plan.json") as f:
     d = json.load(f)
-  assert d["wsd"]["growth_rates"]["depth"] == pytest.approx(0.5, rel=1e-3)
+  assert d["wsd"]["growth_rates"]["depth"] == pytest.approx(0.4, rel=1e-3)
+  runs = d["growth_rates_measured"]["depth"]["runs"]
+  assert [x["workdir"] for x in runs] == [str(run), str(other)]
+  assert [x["rate"] for x in runs] == [pytest.approx(0.5, rel=1e-3), pytest.approx(0.3, rel=1e-3)]
   p = d["plan"]
   assert p["pricing"].startswith("WSD") and p["method"] == "vcycle from L1 width_factor=1"
-  want = growth.wsd_cost([stable], [STEP / 2], [1.0], STABLE, STEP, 4000, 0.2, target_rate=0.5,
+  want = growth.wsd_cost([stable], [STEP / 2], [1.0], STABLE, STEP, 4000, 0.2, target_rate=d["wsd"]["growth_rates"]["depth"],
                          min_big=math.ceil(800 / 0.95))
   assert p["predicted_saving"] == pytest.approx(want["saving"], abs=1e-9)
   assert p["small_steps"] == want["steps"][0] and p["big_steps"] == want["big_steps"]
