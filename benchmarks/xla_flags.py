@@ -139,9 +139,9 @@ def main(argv):
     print(table(family, rows), flush=True)
   result["load_after"] = os.getloadavg()
   if a.out:
+    from multilevel.files import write_json_atomic  # Whole or not at all.
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-      json.dump(result, f, indent=1)
+    write_json_atomic(a.out, result)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def main(argv):
   if bad:
     raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
   sets = dict(kv.split("=", 1) for kv in _SET.value)
-  _margins(_MARGINS.value)  # Refused before any pilot trains.
+  margins = _margins(_MARGINS.value)  # Refused before any pilot trains.
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -211,7 +211,7 @@ def main(argv):
   settings = wsd_settings(base, target_curve, record) if wsd else None
   try:
     plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape,
-                               wsd=settings, margins=_margins(_MARGINS.value))
+                               wsd=settings, margins=margins)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   if _ONLINE_STOP.value:

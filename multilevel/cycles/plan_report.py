@@ -13,6 +13,11 @@ def _fragile(plan: dict) -> bool:
   return m is None or m < plan["predicted_saving"] / 2
 
 
+def _saving(p: dict) -> str:
+  """A priced row's saving ('?' where its curves do not reach; 'at least' past the target's longest run)."""
+  return "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%"
+
+
 def describe(plan: dict) -> str:
   """The plan as a few lines for a terminal."""
   where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
@@ -42,16 +47,14 @@ def describe(plan: dict) -> str:
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
   seeds = plan.get("seed_predictions")
   if seeds:
-    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + (
-        "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%")
+    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + _saving(p)
     lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
                  f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
                                           for p in seeds) + ": a run of this plan may land anywhere in that spread")
   m = plan.get("margins")
   if m:
-    cell = lambda p: "?" if p["saving"] is None else ("at least " if p["at_least"] else "") + f"{100 * p['saving']:+.1f}%"
-    lines.append(f"  if the target lands {m[0]['landing']:.3f} nats higher: {cell(m[0])}; if it learns at "
-                 f"{m[1]['rate_factor']:g}x the priced rate: {cell(m[1])}; both: {cell(m[2])}"
+    lines.append(f"  if the target lands {m[0]['landing']:.3f} nats higher: {_saving(m[0])}; if it learns at "
+                 f"{m[1]['rate_factor']:g}x the priced rate: {_saving(m[1])}; both: {_saving(m[2])}"
                  + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))
   if plan["overrides"].get("cycle.small_stop") == "frontier":
     lines.append("  the small stage ends by the online stop rule (at most the steps above; the prediction is the fixed "
