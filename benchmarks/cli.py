@@ -43,6 +43,15 @@ def run(main: Callable[[list[str]], object], define: Define, positional: bool = 
   app.run(checked)
 
 
+def define_timing_output(fv: flags.FlagValues, results_name: str) -> None:
+  """The two flags every timing script shares: ``--note`` (what else ran on the machine, stored in the JSON) and
+  ``--out`` (default ``benchmarks/results/<results_name>``; '' = do not write)."""
+  import os
+  flags.DEFINE_string("note", "", "Free text stored in the JSON (e.g. what else ran on the machine).", flag_values=fv)
+  default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", results_name)
+  flags.DEFINE_string("out", default, "JSON results ('' = do not write).", flag_values=fv)
+
+
 def key_values(items: list[str], flag: str = "--set") -> dict[str, str]:
   """``--set`` (or ``flag``) values, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form
   ``common.override`` takes."""

@@ -24,8 +24,6 @@ from absl import flags
 
 from benchmarks import cli
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Declares this script's flags on ``fv``."""
@@ -33,9 +31,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("rounds", 5, "Timed rounds.", flag_values=fv)
   flags.DEFINE_integer("steps", 3, "Timed steps per model per round.", flag_values=fv)
   flags.DEFINE_integer("warmup", 2, "Untimed steps per model after compilation.", flag_values=fv)
-  flags.DEFINE_string("note", "", "Free text stored in the JSON (e.g. what else ran on the machine).", flag_values=fv)
-  flags.DEFINE_string("out", os.path.join(HERE, "results", "step_ratio.json"), "JSON results ('' = do not write).",
-                      flag_values=fv)
+  cli.define_timing_output(fv, "step_ratio.json")
 
 
 def parse_args(argv: list[str] | None = None) -> types.SimpleNamespace:

@@ -72,9 +72,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_bool("torch_compile", False, "Also time Hugging Face's model under torch.compile (inductor; needs a C++ "
                     "compiler; compiling takes minutes on a small CPU).", flag_values=fv)
   flags.DEFINE_integer("seed", 0, "Seed of the weights and batches.", flag_values=fv)
-  flags.DEFINE_string("note", "", "Free text stored in the JSON (e.g. what else ran on the machine).", flag_values=fv)
-  flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "throughput.json"),
-                      "JSON results ('' = do not write).", flag_values=fv)
+  cli.define_timing_output(fv, "throughput.json")
 
 
 def parse_args(argv: list[str] | None = None) -> types.SimpleNamespace:

@@ -356,3 +356,16 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
   assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)
 
+
+
+def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_numbers(tmp_path):
+  """Every loss of the comparison computes the same loss and hits (one chunk, 4 chunks, auto) as the plain one."""
+  from benchmarks import loss_head
+  a = loss_head.parse_args(["--shapes=2x8x4x16", "--max_logits=0,64,-1", "--rounds=2", "--calls=1", "--out="])
+  res = loss_head.measure("2x8x4x16", a)
+  plain, *engine = res["rows"]
+  assert plain["loss"] == "plain autodiff" and plain["over_plain"] == 1.0
+  assert [r["chunks"] for r in engine] == [1, 4, 1]
+  for r in engine:
+    assert r["loss_sum"] == pytest.approx(plain["loss_sum"], rel=1e-6) and r["correct"] == plain["correct"]
+    assert r["median_ms"] > 0

@@ -12,8 +12,10 @@ from multilevel import models as M
 from multilevel.models import parts
 from multilevel.models.attention import attend
 from multilevel.train import ObjectiveConfig
-from multilevel.train.losses import cross_entropy_sums
+from multilevel.train.config import TrainConfig
+from multilevel.train.losses import CPU_CHUNK_LOGITS, cross_entropy_sums, num_chunks, resolve_max_logits
 from multilevel.train.objectives import mlm_mask
+from multilevel.typed_config import ConfigError
 
 apply_jit = jax.jit(M.apply, static_argnums=0, static_argnames=("features",))
 
@@ -82,30 +84,57 @@ def test_bert_head_at_the_masked_positions_is_the_full_head_gathered():
   np.testing.assert_allclose(got, expect, rtol=1e-6)
 
 
+def _plain_loss(h, emb, bias_v, labels, weights):
+  """The loss as autodiff of optax's cross-entropy sees it, and argmax's hits: what the engine's loss must equal."""
+  logits = h @ emb.T + (0 if bias_v is None else bias_v[None, None, :])
+  loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, labels) * weights)
+  return loss, jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
+
+
 @pytest.mark.parametrize("bias", [False, True])
-def test_chunked_cross_entropy_equals_the_plain_one_in_value_and_gradient(bias):
+@pytest.mark.parametrize("max_logits", [0, 2 * 4 * 50, -1])  # One chunk; 4 chunks of 4 (the last padded); auto.
+def test_chunked_cross_entropy_equals_the_plain_one_in_value_and_gradient(bias, max_logits):
   rng = np.random.default_rng(5)
-  b, t, d, v = 2, 13, 8, 50  # 13 positions in 4 chunks of 4: the last is padded.
+  b, t, d, v = 2, 13, 8, 50
   h = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
   emb = jnp.asarray(rng.standard_normal((v, d)), jnp.float32)
   bias_v = jnp.asarray(rng.standard_normal((v,)), jnp.float32) if bias else None
-  labels = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
+  top = jnp.argmax(h @ emb.T + (0 if bias_v is None else bias_v[None, None, :]), -1)  # About half the labels are hits.
+  labels = jnp.where(jnp.asarray(rng.random((b, t)) < 0.5), top, jnp.asarray(rng.integers(0, v, (b, t)))).astype(
+      jnp.int32)
   weights = jnp.asarray(rng.random((b, t)) < 0.7, jnp.float32)
 
-  def loss(max_logits, h, emb, bias_v):
+  def loss(h, emb, bias_v):
     s = cross_entropy_sums(h, emb, bias_v, labels, weights, max_logits=max_logits)
     return s["loss_sum"], s
 
-  grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
-  (plain, sp), gp = grad(0, h, emb, bias_v)
-  (chunked, sc), gc = grad(b * 4 * v, h, emb, bias_v)
-  logits = h @ emb.T + (0 if bias_v is None else bias_v[None, None, :])
-  expect = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, labels) * weights)
-  np.testing.assert_allclose(plain, expect, rtol=1e-6)
-  np.testing.assert_allclose(chunked, plain, rtol=1e-6)
-  assert float(sc["correct"]) == float(sp["correct"]) and float(sc["count"]) == float(sp["count"])
-  for a, c in zip(jax.tree.leaves(gp), jax.tree.leaves(gc)):
+  (got, sums), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(h, emb, bias_v)
+  (expect, correct), expect_grads = jax.value_and_grad(
+      lambda *a: _plain_loss(*a, labels, weights), argnums=(0, 1, 2), has_aux=True)(h, emb, bias_v)
+  np.testing.assert_allclose(got, expect, rtol=1e-6)
+  assert float(sums["correct"]) == float(correct) > 0 and float(sums["count"]) == float(jnp.sum(weights))
+  assert len(jax.tree.leaves(grads)) == len(jax.tree.leaves(expect_grads)) == (3 if bias else 2)
+  for a, c in zip(jax.tree.leaves(expect_grads), jax.tree.leaves(grads)):
     np.testing.assert_allclose(c, a, rtol=1e-5, atol=1e-6)
+
+
+def test_a_tie_with_the_label_counts_as_a_hit():
+  """A hit is the label's logit reaching the row's maximum (no argmax): with equal logits every token is a hit."""
+  h, emb = jnp.ones((1, 3, 4)), jnp.zeros((5, 4))
+  s = cross_entropy_sums(h, emb, None, jnp.asarray([[0, 2, 4]]), jnp.ones((1, 3)))
+  assert float(s["correct"]) == 3.0
+  np.testing.assert_allclose(s["loss_sum"], 3 * np.log(5.0), rtol=1e-6)
+
+
+def test_max_logits_auto_sizes_chunks_for_the_cpu_cache_and_only_bounds_memory_elsewhere():
+  assert resolve_max_logits(-1, "cpu") == CPU_CHUNK_LOGITS == 1 << 20
+  assert resolve_max_logits(-1, "gpu") == resolve_max_logits(-1, "tpu") == 1 << 25
+  assert resolve_max_logits(0, "cpu") == 0 and resolve_max_logits(1000, "gpu") == 1000
+  assert num_chunks(32 * 127, 1024, -1) == 4 and num_chunks(32 * 127, 1024, 0) == 1  # The GPT benchmark model.
+  with pytest.raises(ValueError, match="max_logits must be -1"):
+    resolve_max_logits(-2)
+  with pytest.raises(ConfigError, match="train.max_logits must be -1"):
+    TrainConfig(max_logits=-5)
 
 
 def test_chunked_loss_does_the_plain_loss_matmuls_once():

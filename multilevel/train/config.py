@@ -30,7 +30,9 @@ class TrainConfig:
   mlm_prob: float = 0.15
   label_smoothing: float = 0.1
   mixup_alpha: float = 0.0
-  max_logits: int = 1 << 25  # Text: the loss runs in chunks of about this many (tokens x vocab) logits; 0 = never.
+  # Text: the loss runs in chunks of at most about this many (tokens x vocab) logits; 0 = one chunk; -1 = auto
+  # (2^20 on CPUs, sized for the cache; 2^25 on GPUs/TPUs, a memory bound: train/losses.py).
+  max_logits: int = -1
   log_every: int = 10
   eval_every: int = 50  # 0: evaluate only at the end of each stage.
 
@@ -39,9 +41,12 @@ class TrainConfig:
     for name in ("steps", "batch_size", "grad_accum", "log_every"):
       if getattr(self, name) < 1:
         raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}.")
-    for name in ("num_devices", "eval_every", "weight_decay", "grad_clip", "mixup_alpha", "max_logits"):
+    for name in ("num_devices", "eval_every", "weight_decay", "grad_clip", "mixup_alpha"):
       if getattr(self, name) < 0:
         raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}.")
+    if self.max_logits < -1:
+      raise ConfigError(f"train.max_logits must be -1 (auto), 0 (one chunk) or a positive number of logits per "
+                        f"chunk, got {self.max_logits}.")
     if not self.lr > 0:
       raise ConfigError(f"train.lr must be positive, got {self.lr}.")
     if self.decay not in DECAYS:

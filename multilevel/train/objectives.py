@@ -35,7 +35,7 @@ class ObjectiveConfig:
   mlm_prob: float = 0.15
   label_smoothing: float = 0.1  # DeiT.
   mixup_alpha: float = 0.0  # DeiT; 0 disables mixup.
-  max_logits: int = 1 << 25  # Text: above this many (tokens x vocab) logits the loss runs in chunks; 0 = never.
+  max_logits: int = -1  # Text: logits per loss chunk at most; 0 = one chunk; -1 = auto (losses.resolve_max_logits).
 
 
 def mlm_mask(tokens_BxT, rng, obj: ObjectiveConfig, vocab_size: int):
