@@ -85,7 +85,8 @@ def level_overrides(family: str, level: int, levels: int, extra: dict) -> dict:
 
 
 def run_level(a) -> dict:
-  extra = cli.key_values(a.set)
+  from experiments.configs.common import key_values
+  extra = key_values(a.set)
   model = level_overrides(a.family, a.level, a.levels, extra)
   base_lr = float(saving.make_config(a.family, 100, {}, extra, 10).train.lr)
   out = {"command": cli.command("benchmarks.bound"), "family": a.family, "level": a.level, "levels": a.levels,

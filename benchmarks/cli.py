@@ -52,15 +52,6 @@ def define_timing_output(fv: flags.FlagValues, results_name: str) -> None:
   flags.DEFINE_string("out", default, "JSON results ('' = do not write).", flag_values=fv)
 
 
-def key_values(items: list[str], flag: str = "--set") -> dict[str, str]:
-  """``--set`` (or ``flag``) values, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form
-  ``common.override`` takes."""
-  bad = [kv for kv in items if "=" not in kv]
-  if bad:
-    raise app.UsageError(f"{flag} takes KEY=VALUE, got {bad}")
-  return dict(kv.split("=", 1) for kv in items)
-
-
 def command(module: str) -> str:
   """The command line that ran ``module``, as a results file records it: ``python -m benchmarks.gpu --smoke``."""
   return shlex.join(["python", "-m", module] + sys.argv[1:])

@@ -195,7 +195,7 @@ def throughput(a, mesh) -> dict:
 
 def cycle_config(a, levels: int, variant: str = "default"):
   from experiments.configs import gpt
-  from experiments.configs.common import override
+  from experiments.configs.common import key_values, override
   c = gpt.get_config("gpt2")
   c.unlock()
   steps = a.cycle_steps
@@ -213,7 +213,7 @@ def cycle_config(a, levels: int, variant: str = "default"):
   override(c, over)
   if variant != "default":
     override(c, saving.VARIANTS[variant])
-  return override(c, cli.key_values(a.set))
+  return override(c, key_values(a.set))
 
 
 def run_driver(a, name: str, levels: int, variant: str = "default") -> dict:

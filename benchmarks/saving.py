@@ -250,10 +250,11 @@ def main(argv):
   import jax
 
   from multilevel import models as M
+  from experiments.configs.common import key_values
   a = cli.parse(define_flags)
   family = a.family
-  extra = cli.key_values(a.set)
-  plan_extra = cli.key_values(a.plan_set, "--plan_set")
+  extra = key_values(a.set)
+  plan_extra = key_values(a.plan_set, "--plan_set")
   if plan_extra and not a.plan:
     raise app.UsageError("--plan_set changes a plan's overrides; pass the plan with --plan.")
   try:  # Before any run trains: an unknown key or a bad value would otherwise stop the benchmark after scratch.

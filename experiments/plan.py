@@ -124,14 +124,12 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax
 
+  from experiments.configs.common import key_values
   from multilevel.cycles import planner
   if _COMPILE_CACHE.value:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   steps, spec, work = _STEPS.value, _CONFIG.value, _WORKDIR.value
-  bad = [kv for kv in _SET.value if "=" not in kv]
-  if bad:
-    raise app.UsageError(f"--set takes KEY=VALUE, got {bad}")
-  sets = dict(kv.split("=", 1) for kv in _SET.value)
+  sets = key_values(_SET.value)
   margins = _margins(_MARGINS.value)  # Refused before any pilot trains.
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:

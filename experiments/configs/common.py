@@ -41,6 +41,16 @@ def apply_size(c: ml_collections.ConfigDict, preset: str) -> None:
     c.model[key] = value
 
 
+def key_values(items: list[str], flag: str = "--set") -> dict[str, str]:
+  """``--set`` (or ``flag``) values of a command line, ``["train.lr=3e-4"]``, as ``{"train.lr": "3e-4"}``, the form
+  ``override`` takes; an item without '=' is a usage error naming the flag."""
+  from absl import app
+  bad = [kv for kv in items if "=" not in kv]
+  if bad:
+    raise app.UsageError(f"{flag} takes KEY=VALUE, got {bad}")
+  return dict(kv.split("=", 1) for kv in items)
+
+
 def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
   """Sets dotted keys (``{"train.lr": 1e-3, "cycle.levels": 1}``) on ``c``, as ``--config.train.lr=`` does.
 
