@@ -31,7 +31,7 @@ from multilevel.models.transformer import vocab_logits
 
 
 AUTO_MAX_LOGITS = -1
-CPU_CHUNK_LOGITS = 1 << 20  # 4 MiB of float32 logits per chunk: the best of 2^18-2^20 over three shapes (loss_head.py).
+CPU_CHUNK_LOGITS = 1 << 20  # 4 MiB of float32 logits: the best of 2^18-2^20 over three shapes (loss_head.py).
 ACCELERATOR_MAX_LOGITS = 1 << 25  # 128 MiB: only a memory bound; a GPU runs large chunks best.
 
 
@@ -83,7 +83,8 @@ def _chunked_fwd(h_CxBxMxD, embedding_VxD, bias_V, labels_CxBxM, weights_CxBxM, 
     logits_BxMxV, lse_BxM, ce_BxM, correct_BxM, label_BxMxV = _token_terms(h_BxMxD, embedding_VxD, bias_V,
                                                                            labels_BxM, dtype)
     # d(sum_t w_t ce_t) / d logits = w (softmax - onehot): formed, used and dropped inside this step.
-    d_logits_BxMxV = (jnp.exp(logits_BxMxV - lse_BxM[..., None]) - label_BxMxV.astype(jnp.float32)) * weights_BxM[..., None]
+    softmax_BxMxV = jnp.exp(logits_BxMxV - lse_BxM[..., None])
+    d_logits_BxMxV = (softmax_BxMxV - label_BxMxV.astype(jnp.float32)) * weights_BxM[..., None]
     d_logits_BxMxV = d_logits_BxMxV.astype(dtype)
     d_h_BxMxD = jnp.einsum("bmv,vd->bmd", d_logits_BxMxV, embedding_VxD.astype(dtype),
                            preferred_element_type=jnp.float32)
