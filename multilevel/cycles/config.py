@@ -18,7 +18,8 @@ from multilevel.cycles.mslt import MsltConfig
 from multilevel.cycles.plan import Plan, method_of
 from multilevel.cycles.stack import GStackConfig, StackBertConfig
 from multilevel.models import ModelConfig
-from multilevel.operators.mapping import DEPTH_GROWTH, DEPTH_MODES
+from multilevel.operators.groups import DEPTH_MODES
+from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.train.config import TrainConfig
 from multilevel.typed_config import ConfigError, check_fields, section_from
 

@@ -8,7 +8,7 @@ Roles and what coalescing does along them (de-coalescing is the normalized trans
 - ``HIDDEN_OUT`` / ``HEADS_OUT`` / ``FFN_OUT``: an output side; merged units are averaged (copied back on growth).
 - ``HIDDEN_IN`` / ``HEADS_IN`` / ``FFN_IN``: an input side; merged units are summed (divided on growth).
 - ``KV_HEADS_OUT``: the key/value heads of grouped-query attention (LLaMA), an output side. Their map follows the
-  query heads' (``LevelMap.kv_map``, ``operators.mapping.kv_groups``): merged query heads keep their key/value
+  query heads' (``LevelMap.kv_map``, ``operators.groups.kv_groups``): merged query heads keep their key/value
   heads, which merge together.
 - ``EMBED``: the hidden axis of an embedding table that writes the residual stream. Tied to an LM head (BERT, GPT,
   LLaMA with ``tie_embeddings``) it is summed like an input side (the paper's factor 2 for pairs); otherwise (DeiT,

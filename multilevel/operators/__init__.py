@@ -1,15 +1,15 @@
 """The multi-level operators as pure functions on parameter trees: coalescing (``coalesce``, ``decoalesce``),
 interpolation (``interpolate``) and symmetry breaking (``split_noise``), all driven by a ``LevelMap``.
 
-``LevelMap`` and ``GroupMap`` (``mapping.py``) also hold the public primitives the operators are built from.
+``LevelMap`` (``mapping.py``) and ``GroupMap`` (``groups.py``) also hold the public primitives the operators are built from.
 """
 
 from multilevel.models import check_params as check_matches_config
 from multilevel.operators.coalescing import coalesce, decoalesce
 from multilevel.operators.finite import require_finite
 from multilevel.operators.interpolation import interpolate
-from multilevel.operators.mapping import (DEPTH_MODES, GroupMap, LevelMap, default_depth_groups,
-                                          default_width_groups, make_chain, make_mapping)
+from multilevel.operators.groups import DEPTH_MODES, GroupMap, default_depth_groups, default_width_groups
+from multilevel.operators.mapping import LevelMap, make_chain, make_mapping
 from multilevel.operators.symmetry import split_noise
 from multilevel.tree import check_same_structure, flatten, unflatten
 

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from multilevel.models import axes as A
 from multilevel.models import check_params
 from multilevel.operators.finite import require_finite
-from multilevel.operators.mapping import GroupMap, LevelMap
+from multilevel.operators.groups import GroupMap
+from multilevel.operators.mapping import LevelMap
 from multilevel.tree import flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
