@@ -131,6 +131,7 @@ def test_max_logits_auto_sizes_chunks_for_the_cpu_cache_and_only_bounds_memory_e
   assert resolve_max_logits(-1, "gpu") == resolve_max_logits(-1, "tpu") == 1 << 25
   assert resolve_max_logits(0, "cpu") == 0 and resolve_max_logits(1000, "gpu") == 1000
   assert num_chunks(32 * 127, 1024, -1) == 4 and num_chunks(32 * 127, 1024, 0) == 1  # The GPT benchmark model.
+  assert TrainConfig().max_logits == ObjectiveConfig().max_logits == -1  # Auto unless a config says otherwise.
   with pytest.raises(ValueError, match="max_logits must be -1"):
     resolve_max_logits(-2)
   with pytest.raises(ConfigError, match="train.max_logits must be -1"):
