@@ -52,6 +52,28 @@ def define_timing_output(fv: flags.FlagValues, results_name: str) -> None:
   flags.DEFINE_string("out", default, "JSON results ('' = do not write).", flag_values=fv)
 
 
+def report_timing(module: str, a: types.SimpleNamespace, results, load_start, load_end) -> None:
+  """Prints the load averages a timing script ran under and writes its results as JSON at ``a.out`` (whole or not at
+  all; nothing when ``a.out`` is ''), with what it ran on: the command, start time, flags, JAX version and backend,
+  CPUs, ``XLA_FLAGS``, the load averages at the start and end, and ``a.note``."""
+  import os
+  import time
+
+  print(f"Load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end on {os.cpu_count()} CPUs.")
+  if not a.out:
+    return
+
+  import jax
+
+  from multilevel.files import write_json_atomic
+  write_json_atomic(a.out, {
+      "command": command(module), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a),
+      "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": load_start, "load_average_end": load_end,
+      "note": a.note, "results": results})
+  print(f"Wrote {a.out}")
+
+
 def command(module: str) -> str:
   """The command line that ran ``module``, as a results file records it: ``python -m benchmarks.gpu --smoke``."""
   return shlex.join(["python", "-m", module] + sys.argv[1:])

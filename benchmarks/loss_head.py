@@ -104,19 +104,9 @@ def measure(shape: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
-  import jax
-
-  from multilevel.files import write_json_atomic
   load0 = os.getloadavg()
   results = [measure(s, a) for s in a.shapes]
-  load1 = os.getloadavg()
-  print(f"Load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end on {os.cpu_count()} CPUs.")
-  if a.out:
-    write_json_atomic(a.out, {
-        "command": cli.command("benchmarks.loss_head"), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "args": vars(a), "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-        "load_average_start": load0, "load_average_end": load1, "note": a.note, "results": results})
-    print(f"Wrote {a.out}")
+  cli.report_timing("benchmarks.loss_head", a, results, load0, os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ analytic train-FLOPs ratio. Compilation and two warm-up steps are excluded.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -119,20 +118,10 @@ def measure(family: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
-  import jax
   load0 = os.getloadavg()
   rows = [measure(f.strip(), a) for f in a.families.split(",") if f.strip()]
   load1 = os.getloadavg()
-  print(f"Load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end on {os.cpu_count()} CPUs.")
-  if a.out:
-    doc = {"command": cli.command("benchmarks.step_ratio"), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "args": vars(a), "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-           "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": load0, "load_average_end": load1,
-           "note": a.note, "results": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-      json.dump(doc, f, indent=1)
-    print(f"Wrote {a.out}")
+  cli.report_timing("benchmarks.step_ratio", a, rows, load0, load1)
 
 
 if __name__ == "__main__":

@@ -139,8 +139,7 @@ def main(argv):
     print(table(family, rows), flush=True)
   result["load_after"] = os.getloadavg()
   if a.out:
-    from multilevel.files import write_json_atomic  # Whole or not at all.
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    from multilevel.files import write_json_atomic  # Whole or not at all; it makes the folder.
     write_json_atomic(a.out, result)
 
 
