@@ -82,7 +82,6 @@ def test_throughput_script_tiny(tmp_path):
   assert gpt["ratio_median"] > 0 and bert["ratio_median"] > 0
 
 
-
 def test_xla_options_are_timed_each_in_its_own_process_against_the_baseline(tmp_path):
   """Each option runs in a child with XLA_FLAGS set (the baseline's ratio is 1 in every pass, the option's XLA_FLAGS
   reach the child), and a bad --threads is refused before any child starts."""
@@ -103,6 +102,7 @@ def test_xla_options_are_timed_each_in_its_own_process_against_the_baseline(tmp_
   bad = subprocess.run([sys.executable, "-m", "benchmarks.xla_flags", "--threads=3"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
   assert bad.returncode != 0 and "--threads must be 1 or 0" in bad.stderr
+
 
 def test_the_frontier_fit_recovers_a_power_law_and_reads_costs_off_it():
   from benchmarks.frontiers import fit_frontier, fitted_cost
@@ -355,7 +355,6 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   assert d["rows"][1]["shift"] == pytest.approx(-0.1)
   assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
   assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)
-
 
 
 def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_numbers(tmp_path):
