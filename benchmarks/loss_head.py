@@ -63,12 +63,22 @@ def losses(max_logits: list[int]) -> dict:
   return {"plain autodiff": plain, **{f"engine max_logits={m}": engine(m) for m in max_logits}}
 
 
+def parse_shape(shape: str) -> tuple[int, int, int, int]:
+  """``"BxTxDxV"`` as four positive integers; anything else is a usage error that names the shape."""
+  from absl import app
+  parts = shape.split("x")
+  if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise app.UsageError(f"--shapes takes batch x positions x width x vocabulary as four positive integers, e.g. "
+                         f"32x127x32x1024; got {shape!r}.")
+  return tuple(int(p) for p in parts)
+
+
 def measure(shape: str, a) -> dict:
   import jax
   import jax.numpy as jnp
 
   from multilevel.train.losses import num_chunks
-  b, t, d, v = (int(x) for x in shape.split("x"))
+  b, t, d, v = parse_shape(shape)
   rng = np.random.default_rng(0)
   h = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
   emb = jnp.asarray(0.1 * rng.standard_normal((v, d)), jnp.float32)
@@ -104,6 +114,12 @@ def measure(shape: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
+  for shape in a.shapes:  # Refused before anything is timed.
+    parse_shape(shape)
+  if not all(m.lstrip("-").isdigit() and int(m) >= -1 for m in a.max_logits):
+    from absl import app
+    raise app.UsageError(f"--max_logits takes integers: -1 (auto), 0 (one chunk) or logits per chunk; got "
+                         f"{a.max_logits}.")
   load0 = os.getloadavg()
   results = [measure(s, a) for s in a.shapes]
   cli.report_timing("benchmarks.loss_head", a, results, load0, os.getloadavg())

@@ -368,3 +368,7 @@ def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_num
   for r in engine:
     assert r["loss_sum"] == pytest.approx(plain["loss_sum"], rel=1e-6) and r["correct"] == plain["correct"]
     assert r["median_ms"] > 0
+  from absl import app
+  for bad in ("2x8x4", "2x8x4x0", "2x8xfourx16"):
+    with pytest.raises(app.UsageError, match="four positive integers"):
+      loss_head.measure(bad, a)
