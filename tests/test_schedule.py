@@ -186,3 +186,29 @@ def test_shrink_and_perturb_mixes_the_grown_model_with_a_fresh_initialisation():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
   with pytest.raises(Exception, match="shrink_perturb"):
     plan_of(levels=2, **{"cycle.shrink_perturb": (0.0, 0.1)})
+
+
+def test_fresh_added_layers_are_drawn_at_growth_and_refused_where_they_cannot_be():
+  import jax
+  import numpy as np
+
+  from multilevel import models as M
+  from multilevel import operators as O
+  from multilevel.cycles import method_of
+  p = plan_of(levels=2, **{"cycle.new_layers": "fresh", "cycle.width_factor": 1, "cycle.w_pre": 0.0,
+                           "cycle.small_init": "fresh"})
+  bottom, up = p.stages
+  t = method_of("vcycle").transition(p, bottom, up)
+  assert [name for name, _ in t.parts] == ["grow", "optimizer"]
+  small = M.init_params(p.levels[1], 3)
+  params, _, _, _ = t(small, up.optim.build().init(M.init_params(p.levels[0], 4)), {})
+  m = p.maps[0]
+  want = O.fresh_layers(O.decoalesce(small, m), M.init_params(p.levels[0], p.seed + 3000 + up.index), m)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(Exception, match="depth_growth='zero'"):
+    plan_of(levels=2, **{"cycle.new_layers": "fresh", "cycle.depth_growth": "copy"})
+  with pytest.raises(Exception, match="no level of this plan changes the depth"):
+    plan_of(levels=2, **{"cycle.new_layers": "fresh", "cycle.depth_factor": 1})
+  with pytest.raises(Exception, match="new_layers"):
+    plan_of(levels=2, **{"cycle.new_layers": "random"})

@@ -64,3 +64,48 @@ def test_split_noise_options():
     O.split_noise(grown, m, scale=-1.0)
   with pytest.raises(ValueError):  # A tree of the small model is not a grown tree.
     O.split_noise(random_params(m.small), m, scale=0.1)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "deit"])  # The pre-LN families, where the zero rule keeps the function.
+def test_fresh_layers_draws_the_added_layers_and_keeps_the_function(kind):
+  m = O.make_mapping(BASE[kind], width_factor=1, depth_factor=2, depth_growth="zero")  # Depth only: pairs of layers.
+  small = random_params(m.small, seed=21, std=0.1)
+  grown = decoalesce(small, m)
+  fresh = M.init_params(m.large, 9)
+  out = O.fresh_layers(grown, fresh, m)
+  assert_like_config(out, m.large)
+  added = ~m.layer_map.first_mask
+  assert added.tolist() == [False, True] * (m.large.num_layers // 2)
+  new, old, got = flatten(fresh), flatten(grown), flatten(out)
+  for name, x in got.items():
+    x = np.asarray(x)
+    if not name.startswith("layers/"):  # Embeddings and the final norm: the grown model's.
+      np.testing.assert_array_equal(x, np.asarray(old[name]), err_msg=name)
+      continue
+    np.testing.assert_array_equal(x[~added], np.asarray(old[name])[~added], err_msg=name)
+    if name.endswith(("attn/out/kernel", "attn/out/bias", "fc2/kernel", "fc2/bias")):
+      assert not np.any(x[added]), name  # The zero rule's residual outputs stay zero.
+    else:
+      np.testing.assert_array_equal(x[added], np.asarray(new[name])[added], err_msg=name)
+  moved = np.asarray(got["layers/attn/query/kernel"])[added] - np.asarray(old["layers/attn/query/kernel"])[added]
+  assert np.max(np.abs(moved)) > 1e-3  # The added layers are no longer their neighbours' copies.
+  # Still identities of a pre-LN model: the grown function, at fp32 tolerance.
+  np.testing.assert_allclose(logits_of(m.large, out), logits_of(m.small, small), rtol=0, atol=1e-5)
+
+
+def test_fresh_layers_refuses_what_it_cannot_keep():
+  cfg = BASE["gpt"]
+  m = O.make_mapping(cfg, width_factor=1, depth_factor=2, depth_growth="zero")
+  grown, fresh = decoalesce(random_params(m.small, seed=1, std=0.1), m), M.init_params(m.large, 2)
+  copies = O.make_mapping(cfg, width_factor=1, depth_factor=2, depth_growth="copy")
+  with pytest.raises(ValueError, match="depth_growth='zero'"):
+    O.fresh_layers(grown, fresh, copies)
+  width_only = O.make_mapping(cfg, width_factor=2, depth_factor=1, depth_growth="zero")
+  with pytest.raises(ValueError, match="keeps the depth"):
+    O.fresh_layers(M.init_params(width_only.large, 0), M.init_params(width_only.large, 1), width_only)
+  with pytest.raises(ValueError, match="fresh initialisation"):  # A tree of the small model is no initialisation.
+    O.fresh_layers(grown, M.init_params(m.small, 2), m)
+  bad = jax.tree.map(lambda x: x, fresh)
+  bad["layers"]["attn"]["query"]["kernel"] = bad["layers"]["attn"]["query"]["kernel"].at[0, 0, 0, 0].set(jnp.nan)
+  with pytest.raises(ValueError, match="fresh initialisation"):
+    O.fresh_layers(grown, bad, m)

@@ -28,6 +28,7 @@ FINAL_SCHEDULES = ("restart", "baseline_tail")
 LR_RULES = ("fixed", "mup")
 SMALL_STOPS = ("fixed", "frontier")
 SMALL_INITS = ("coalesce", "fresh")
+NEW_LAYERS = ("copy", "fresh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,10 @@ class CycleConfig:
   preln_exact: bool = False  # Function-preserving width growth for pre-LN GPT (method.md 5.2).
   allow_unequal_width_groups: bool = False  # Width schemes whose groups differ in size (they change the function).
   depth_growth: str = "zero"  # copy (reference) | scaled | zero (function-preserving depth growth for pre-LN)
+  # The layers depth growth adds: 'copy' (their weights copied from the small layer) or 'fresh' (drawn from a random
+  # initialisation, their residual outputs kept at zero: still identities, with new features; needs
+  # depth_growth='zero'; operators.fresh_layers).
+  new_layers: str = "copy"
   # Per level, target model first; cut to the number of levels used.
   down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
   small_frac: float = 0.5  # Steps at the smallest level.
@@ -100,7 +105,7 @@ class CycleConfig:
       raise ConfigError(f"cycle.levels must be >= 1 (1 = plain training from scratch), got {self.levels}.")
     choices = (("optimizer_policy", OPT_POLICIES), ("final_schedule", FINAL_SCHEDULES), ("lr_rule", LR_RULES),
                ("small_stop", SMALL_STOPS), ("small_init", SMALL_INITS), ("depth_mode", DEPTH_MODES),
-               ("depth_growth", DEPTH_GROWTH))
+               ("depth_growth", DEPTH_GROWTH), ("new_layers", NEW_LAYERS))
     for name, allowed in choices:
       if getattr(self, name) not in allowed:
         raise ConfigError(f"cycle.{name} must be one of {allowed}, got {getattr(self, name)!r}.")
@@ -130,6 +135,10 @@ class CycleConfig:
                         f"pre-coalescing snapshot exists to interpolate with; set cycle.w_pre=0 (with "
                         f"cycle.split_noise > 0 where the width grows), or cycle.small_init='coalesce'. Got w_pre "
                         f"{self.w_pre}.")
+    if self.new_layers == "fresh" and self.depth_growth != "zero":
+      raise ConfigError(f"cycle.new_layers='fresh' draws the added layers' weights and keeps their residual outputs "
+                        f"at zero, as cycle.depth_growth='zero' grows them; got depth_growth {self.depth_growth!r}. "
+                        f"Set cycle.depth_growth='zero' or cycle.new_layers='copy'.")
     if self.small_warmup_steps < 0:
       raise ConfigError(f"cycle.small_warmup_steps must be >= 0 (0 = transition_warmup_frac of the stage), got "
                         f"{self.small_warmup_steps}.")

@@ -15,8 +15,8 @@ example's (method.md 7.2), scaled to the budget T: 5% warm-up-only steps on the 
 the learning rate, 50% on the big one, fresh AdamW each stage.
 
 Its options are the top-level fields of the ``cycle`` section (``cycles/config.py``). The two transitions are pure
-functions of the plan: ``coalesce`` (keep this level's parameters as the snapshot the
-way back up interpolates with, then coalesce) and ``grow`` (de-coalesce, optional split noise, interpolate with the
+functions of the plan: ``coalesce`` (keep this level's parameters as the snapshot the way back up interpolates with,
+then coalesce) and ``grow`` (de-coalesce, optional split noise and freshly drawn added layers, interpolate with the
 held snapshot of the same level: never another run's model, the reference's bug B1).
 """
 
@@ -110,6 +110,10 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
     cfg = m.small
   levels = (model,) + tuple(m.small for m in maps)
   _check_symmetry_broken(cycle, levels)
+  if cycle.new_layers == "fresh" and not any(m.changes_depth for m in maps):
+    raise ConfigError("cycle.new_layers='fresh' draws the layers that depth growth adds, but no level of this plan "
+                      "changes the depth (cycle.depth_factor=1 or depth schemes that keep every layer). Set "
+                      "cycle.new_layers='copy', or grow the depth.")
 
   scales = _tuple(cycle.lr_scales, k, "lr_scales")
   down = _tuple(cycle.down_fracs, k - 1, "down_fracs")
@@ -193,11 +197,16 @@ def transition(plan: Plan, src: Stage, dst: Stage) -> Transition:
   if dst.enter == "grow":
     m = plan.maps[dst.level]
     noise, seed = cycle.split_noise, plan.seed + 1000 + dst.index
+    # Drawn eagerly, as a model's initial parameters always are (under jit the same key gives other bits).
+    new = M.init_params(plan.levels[dst.level], plan.seed + 3000 + dst.index) if (
+        cycle.new_layers == "fresh" and m.changes_depth) else None
 
     def grow(c):
       grown = O.decoalesce(c["params"], m, check_finite=False)
       if noise:
         grown = O.split_noise(grown, m, scale=noise, seed=seed, check_finite=False)
+      if new is not None:
+        grown = O.fresh_layers(grown, new, m, check=False, check_finite=False)
       return {"after_decoalesce": grown}
 
     def interpolate(c):

@@ -1,5 +1,5 @@
 """The multi-level operators as pure functions on parameter trees: coalescing (``coalesce``, ``decoalesce``),
-interpolation (``interpolate``) and symmetry breaking (``split_noise``), all driven by a ``LevelMap``.
+interpolation (``interpolate``) and symmetry breaking (``split_noise``, ``fresh_layers``), all driven by a ``LevelMap``.
 
 ``LevelMap`` (``mapping.py``) and ``GroupMap`` (``groups.py``) also hold the public primitives the operators are built from.
 """
@@ -10,9 +10,9 @@ from multilevel.operators.finite import require_finite
 from multilevel.operators.interpolation import interpolate
 from multilevel.operators.groups import DEPTH_MODES, GroupMap, default_depth_groups, default_width_groups
 from multilevel.operators.mapping import LevelMap, make_chain, make_mapping
-from multilevel.operators.symmetry import split_noise
+from multilevel.operators.symmetry import fresh_layers, split_noise
 from multilevel.tree import check_same_structure, flatten, unflatten
 
-__all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "make_mapping", "make_chain", "LevelMap", "GroupMap",
-           "DEPTH_MODES", "default_width_groups", "default_depth_groups", "check_matches_config",
-           "check_same_structure", "flatten", "unflatten", "require_finite"]
+__all__ = ["coalesce", "decoalesce", "interpolate", "split_noise", "fresh_layers", "make_mapping", "make_chain",
+           "LevelMap", "GroupMap", "DEPTH_MODES", "default_width_groups", "default_depth_groups",
+           "check_matches_config", "check_same_structure", "flatten", "unflatten", "require_finite"]

@@ -12,6 +12,9 @@ the group, so ``sum_c (w/n + delta_c) x = w x`` for equal ``x_c = x``: the outpu
 the copies' incoming gradients now differ. Units that were not merged (groups of one) get no noise; embeddings,
 LayerNorms and biases are left alone. Coalescing the result gives back the small model up to rounding, since the
 noise sums to zero inside every group.
+
+``fresh_layers`` does the same for depth: the layers that ``depth_growth='zero'`` adds start as identities (their
+residual outputs zero) but copy a neighbour's other weights; it draws those weights fresh and keeps the zeros.
 """
 
 from __future__ import annotations
@@ -72,5 +75,50 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
       for axis, gm in merged:  # Centering along one axis keeps the zero sums along the others.
         r = _center_in_groups(r, axis, gm)
       x = (x + float(scale) * jnp.std(x.astype(jnp.float32)) * r).astype(x.dtype)
+    out[name] = x
+  return unflatten(out)
+
+
+def fresh_layers(grown: Mapping, fresh: Mapping, mapping: LevelMap, *, check: bool = True,
+                 check_finite: bool = True) -> dict:
+  """The layers that depth growth added, drawn fresh instead of copied, still as identities.
+
+  Under ``depth_growth='zero'`` every layer a group adds (all but the first of each group) is a copy of the small
+  layer whose residual-branch outputs (attention and FFN output projections, ``RESIDUAL``) are zero, so it starts
+  as an identity of a pre-LN model. Here those added layers take every other parameter (queries, keys, values, the
+  FFN's input side, their norms) from ``fresh``, a random initialisation of ``mapping.large``, and keep the zero
+  outputs: the function is the grown model's (exactly, for pre-LN families), but the new layers' features are new
+  rather than a neighbour's. The first layer of each group is ``grown``'s, as are all parameters without a layer
+  axis (embeddings, the final norm).
+
+  Args:
+    grown: parameters of ``mapping.large``, normally ``decoalesce(small, mapping)`` (optionally split-noised).
+    fresh: a random initialisation of ``mapping.large`` (``models.init_params``).
+    mapping: the level map the tree was grown with; it must change depth with ``depth_growth='zero'``.
+    check: require both trees to have exactly the structure and shapes of a ``mapping.large`` model.
+    check_finite: refuse a NaN or an infinity in either tree (skipped under jit).
+  """
+  if not mapping.changes_depth:
+    raise ValueError(f"fresh_layers replaces the layers that depth growth adds, but this mapping keeps the depth "
+                     f"({mapping.large.num_layers} layers at both levels); there is nothing to draw fresh.")
+  if mapping.depth_growth != "zero":
+    raise ValueError(f"fresh_layers keeps the added layers' residual outputs at zero, as depth_growth='zero' grows "
+                     f"them; this mapping grows depth with {mapping.depth_growth!r}, whose added layers are not "
+                     f"identities. Make the mapping with depth_growth='zero'.")
+  if check:
+    check_params(grown, mapping.large, "the grown tree")
+    check_params(fresh, mapping.large, "the fresh initialisation")
+  if check_finite:
+    require_finite(grown, "the grown tree")
+    require_finite(fresh, "the fresh initialisation")
+  added = ~mapping.layer_map.first_mask
+  new = flatten(fresh)
+  out = {}
+  for name, x in flatten(grown).items():
+    x = jnp.array(x)
+    roles = mapping.roles(name, x.ndim)
+    if A.LAYERS in roles and A.RESIDUAL not in roles:
+      axis = roles.index(A.LAYERS)
+      x = jnp.where(mapping.layer_map.broadcast(added, x.ndim, axis), jnp.asarray(new[name], x.dtype), x)
     out[name] = x
   return unflatten(out)
