@@ -1,114 +1,22 @@
-"""Tests of multilevel.interop: Hugging Face import/export, logit parity with transformers, strict errors.
+"""Tests of multilevel.interop: Hugging Face import/export, logit parity with transformers, the sources and formats
+it reads, and a finished run's export. Its refusals (other architectures, settings, missing or unexpected tensors)
+are in test_interop_refusals.py, damaged files in test_interop_errors.py.
 
 Tiny, randomly initialised transformers models built from config objects: nothing is downloaded. The whole module
 is skipped when torch, transformers or safetensors is not installed (pip install -e '.[hf]').
 """
 
+import json
 import os
 import sys
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import numpy as np
+import pytest
 
-import json  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
-
-from safetensors.numpy import load_file, save_file  # noqa: E402
-
-import multilevel.models as M  # noqa: E402
-from multilevel import interop as I  # noqa: E402
-
-transformers.logging.set_verbosity_error()
-if hasattr(transformers.utils.logging, "disable_progress_bar"):
-  transformers.utils.logging.disable_progress_bar()
-
-TOL = 1e-5  # max abs logit difference, fp32
-
-# ------------------------------------------------------------------------------------------------- tiny HF models
-
-TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-VISION = dict(TEXT, image_size=8, patch_size=4, num_channels=3, num_labels=5)
-
-
-def bert_config(**kw):
-  return transformers.BertConfig(**{**TEXT, "vocab_size": 64, "max_position_embeddings": 16, **kw})
-
-
-def gpt_config(**kw):
-  return transformers.GPT2Config(**{"vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 16,
-                                    "bos_token_id": None, "eos_token_id": None, **kw})
-
-
-def perturb(model, seed=0, scale=0.2):
-  """Noise on every parameter (tied ones once), so LayerNorms, biases and tokens are not at their trivial init."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(scale * torch.randn(p.shape, generator=gen))
-  return model.eval()
-
-
-def make(name, seed=0):
-  if name == "bert":
-    return perturb(transformers.BertForMaskedLM(bert_config()), seed)
-  if name == "gpt":
-    return perturb(transformers.GPT2LMHeadModel(gpt_config()), seed)
-  if name == "vit":
-    return perturb(transformers.ViTForImageClassification(transformers.ViTConfig(**VISION)), seed)
-  if name == "deit":
-    return perturb(transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**VISION)), seed)
-  if name == "deit-single":
-    return perturb(transformers.DeiTForImageClassification(transformers.DeiTConfig(**VISION)), seed)
-  raise ValueError(name)
-
-
-RNG = np.random.default_rng(0)
-TOKENS = RNG.integers(0, 64, (2, 12))
-TYPES = RNG.integers(0, 2, (2, 12))
-MASK = np.ones((2, 12), np.int64)
-MASK[1, 7:] = 0
-IMAGES = RNG.standard_normal((2, 8, 8, 3)).astype(np.float32)
-
-
-def hf_logits(model, family, mask=True):
-  with torch.no_grad():
-    if family == "bert":
-      kw = dict(token_type_ids=torch.tensor(TYPES), attention_mask=torch.tensor(MASK)) if mask else {}
-      return model(input_ids=torch.tensor(TOKENS), **kw).logits.numpy()
-    if family == "gpt":
-      return model(input_ids=torch.tensor(TOKENS)).logits.numpy()
-    return model(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2))).logits.numpy()
-
-
-def our_logits(cfg, params, mask=True):
-  if cfg.family == "bert":
-    kw = dict(token_types_BxT=TYPES, mask_BxT=MASK) if mask else {}
-    return np.asarray(M.apply(cfg, params, TOKENS, **kw))
-  if cfg.family == "gpt":
-    return np.asarray(M.apply(cfg, params, TOKENS))
-  return np.asarray(M.apply(cfg, params, IMAGES))
-
-
-def family_of(name):
-  return {"vit": "deit", "deit-single": "deit"}.get(name, name)
-
-
-def assert_trees_equal(a, b):
-  fa, ta = jax.tree_util.tree_flatten_with_path(a)
-  fb, tb = jax.tree_util.tree_flatten_with_path(b)
-  assert ta == tb
-  for (path, x), (_, y) in zip(fa, fb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype == np.float32, path
-    assert x.shape == y.shape and np.array_equal(x, y), jax.tree_util.keystr(path)
+from tests.hf_util import (TOL, VISION, I, M, assert_trees_equal, bert_config, family_of, hf_logits, make,
+                           our_logits, perturb, torch, transformers)
+from safetensors.numpy import load_file, save_file  # noqa: E402  (after hf_util, which skips without safetensors)
 
 
 # --------------------------------------------------------------------------------------------------------- parity
@@ -260,124 +168,6 @@ def test_vit_without_qkv_bias_imports_zero_biases():
   cfg, params = I.load_hf(model)
   assert not np.any(params["layers"]["attn"]["query"]["bias"])
   assert np.abs(our_logits(cfg, params) - hf_logits(model, "deit")).max() < TOL
-
-
-# --------------------------------------------------------------------------------------------------------- errors
-
-
-def test_other_architectures_are_rejected():
-  with pytest.raises(I.UnsupportedArchitectureError, match="BertForSequenceClassification"):
-    I.load_hf(transformers.BertForSequenceClassification(bert_config()))
-  roberta = transformers.RobertaForMaskedLM(transformers.RobertaConfig(**TEXT, vocab_size=64))
-  with pytest.raises(I.UnsupportedArchitectureError, match="RobertaForMaskedLM"):
-    I.load_hf(roberta)
-  with pytest.raises(I.UnsupportedArchitectureError, match="model_type 'roberta'"):
-    I.load_hf(roberta.state_dict(), config=roberta.config.to_dict())  # No architectures recorded.
-  with pytest.raises(I.UnsupportedArchitectureError, match="does not match model_type"):
-    I.config_from_hf({"architectures": ["BertForMaskedLM"], "model_type": "gpt2"})
-  gpt = make("gpt")  # GPT-2 weights under a BERT config: caught by the architecture, never half-loaded.
-  with pytest.raises(I.HFInteropError):
-    I.load_hf(gpt.state_dict(), config=bert_config(), architecture="BertForMaskedLM")
-
-
-def test_missing_tensor_is_an_error():
-  model = make("bert")
-  sd = dict(model.state_dict())
-  del sd["bert.encoder.layer.1.attention.self.key.bias"]
-  with pytest.raises(I.MissingTensorError, match=r"bert\.encoder\.layer\.1\.attention\.self\.key\.bias"):
-    I.load_hf(sd, config=model.config)
-  base = transformers.BertModel(bert_config())  # The encoder alone: no MLM head.
-  with pytest.raises(I.MissingTensorError, match=r"cls\.predictions"):
-    I.load_hf(base.state_dict(), config=bert_config(), architecture="BertForMaskedLM")
-  vit = make("vit")
-  sd = {k: v for k, v in vit.state_dict().items() if not k.startswith("classifier.")}
-  with pytest.raises(I.MissingTensorError, match="classifier"):
-    I.load_hf(sd, config=vit.config)
-
-
-def test_unexpected_tensor_is_an_error():
-  model = make("gpt")
-  sd = dict(model.state_dict())
-  sd["transformer.h.2.ln_1.weight"] = sd["transformer.h.1.ln_1.weight"]  # A third layer the config does not have.
-  with pytest.raises(I.UnexpectedTensorError, match=r"transformer\.h\.2\.ln_1\.weight"):
-    I.load_hf(sd, config=model.config)
-  deit = make("deit")
-  sd = dict(deit.state_dict())
-  sd["classifier.weight"] = sd["cls_classifier.weight"]
-  with pytest.raises(I.UnexpectedTensorError, match="classifier.weight"):
-    I.load_hf(sd, config=deit.config)
-
-
-def test_shape_mismatch_is_an_error():
-  model = make("bert")
-  sd = dict(model.state_dict())
-  sd["bert.embeddings.position_embeddings.weight"] = torch.zeros(32, 32)
-  with pytest.raises(I.TensorShapeError, match=r"position_embeddings.*\(32, 32\).*\(16, 32\)"):
-    I.load_hf(sd, config=model.config)
-  with pytest.raises(I.TensorShapeError, match="word_embeddings"):  # Config says another vocabulary size.
-    I.load_hf(model.state_dict(), config=bert_config(vocab_size=100))
-  with pytest.raises(I.TensorShapeError):  # Config says another FFN width.
-    I.load_hf(make("vit").state_dict(), config=transformers.ViTConfig(**{**VISION, "intermediate_size": 64}))
-
-
-def test_untied_lm_head_is_an_error():
-  model = make("gpt")
-  sd = dict(model.state_dict())
-  sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
-  with pytest.raises(I.UnsupportedConfigError, match="untied"):
-    I.load_hf(sd, config=model.config)
-  with pytest.raises(I.UnsupportedConfigError, match="tie_word_embeddings"):
-    I.config_from_hf(gpt_config(tie_word_embeddings=False))
-  bert = make("bert")
-  sd = dict(bert.state_dict())
-  sd["cls.predictions.decoder.weight"] = torch.zeros_like(sd["cls.predictions.decoder.weight"])
-  with pytest.raises(I.UnsupportedConfigError, match="untied"):
-    I.load_hf(sd, config=bert.config)
-
-
-@pytest.mark.parametrize("change,match", [
-    ({"hidden_act": "relu"}, "Activation 'relu'"),
-    ({"num_attention_heads": 5}, "not divisible"),
-    ({"intermediate_size": 100}, "not a multiple"),
-    ({"position_embedding_type": "relative_key"}, "relative position"),
-    ({"is_decoder": True}, "is_decoder"),
-    ({"add_cross_attention": True}, "cross-attention"),
-])
-def test_unsupported_bert_settings(change, match):
-  d = {**bert_config().to_dict(), **change}
-  with pytest.raises(I.UnsupportedConfigError, match=match):
-    I.config_from_hf(d)
-
-
-@pytest.mark.parametrize("family,change,match", [
-    ("gpt", {"activation_function": "relu"}, "Activation 'relu'"),
-    ("gpt", {"activation_function": "gelu"}, "Activation 'gelu'"),  # exact gelu: our GPT uses the tanh form
-    ("gpt", {"n_head": 3}, "not divisible"),
-    ("gpt", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-    ("vit", {"hidden_act": "gelu_new"}, "Activation 'gelu_new'"),
-    ("vit", {"image_size": [8, 12]}, "square"),
-    ("vit", {"image_size": 10}, "not a multiple"),
-    ("vit", {"id2label": {}, "num_labels": 0}, "num_labels=0"),
-])
-def test_unsupported_gpt_and_vision_settings(family, change, match):
-  base = gpt_config().to_dict() if family == "gpt" else transformers.ViTConfig(**VISION).to_dict()
-  with pytest.raises(I.UnsupportedConfigError, match=match):
-    I.config_from_hf({**base, **change})
-
-
-def test_bad_paths_and_overrides(tmp_path):
-  with pytest.raises(I.HFInteropError, match="neither a directory nor a file"):
-    I.load_hf("google-bert/bert-base-uncased")  # A hub name is not downloaded.
-  with pytest.raises(I.HFInteropError, match="No weights"):
-    I.load_hf(tmp_path)
-  with pytest.raises(I.HFInteropError, match="No Hugging Face config"):
-    I.load_hf({"x": np.zeros(1)})
-  with pytest.raises(I.HFInteropError, match="num_layers"):
-    I.load_hf(make("gpt"), num_layers=3)
-  cfg = M.preset("gpt-test")
-  params = jax.tree_util.tree_map(np.asarray, M.init_params(cfg, 0))
-  with pytest.raises(I.TensorShapeError, match="shapes do not match the config"):
-    I.save_hf(cfg.replace(num_layers=3), params, tmp_path / "x")
 
 
 def test_a_finished_run_exports_from_its_workdir_and_an_unfinished_one_is_refused(tmp_path):
