@@ -5,28 +5,13 @@ Tiny random models built from config objects (grouped-query attention, a non-def
 heads); nothing is downloaded. Skipped when torch, transformers or safetensors is missing.
 """
 
-import os
+import jax
+import numpy as np
+import pytest
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+from multilevel.models.decode import greedy_decode
+from tests.hf_util import TOL, I, M, torch, transformers  # Skips this module without torch / transformers.
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
-
-import multilevel.models as M  # noqa: E402
-from multilevel import interop as I  # noqa: E402
-from multilevel.models.decode import greedy_decode  # noqa: E402
-
-transformers.logging.set_verbosity_error()
-if hasattr(transformers.utils.logging, "disable_progress_bar"):
-  transformers.utils.logging.disable_progress_bar()
-
-TOL = 1e-5  # max abs logit difference, fp32
 TOKENS = np.random.default_rng(0).integers(0, 64, (2, 12))
 
 
