@@ -249,3 +249,45 @@ def test_frozen_parts_get_no_gradient():
   g = jax.grad(lambda s: parts.apply_in_parts(cfg, parts.outer(p), s, x, frozen=1).sum())(slices)
   assert all(np.all(leaf == 0) for leaf in jax.tree.leaves(g[0]))
   assert any(np.any(leaf != 0) for leaf in jax.tree.leaves(g[1]))
+
+
+def test_dense_layers_on_rows_have_the_same_parameters_and_outputs():
+  """``transformer.over_rows`` (the blocks' dense layers on a (rows, features) view, for XLA's CPU autodiff) builds
+  the same parameters as the layer on the (batch, length, ...) input, and computes the same outputs and gradients."""
+  import flax.linen as nn
+
+  from multilevel.models.transformer import over_rows
+
+  class Rows(nn.Module):
+    make: object
+    feature_axes: int
+
+    @nn.compact
+    def __call__(self, x):
+      return over_rows(self.make(name="layer"), x, self.feature_axes)
+
+  class Direct(nn.Module):
+    make: object
+
+    @nn.compact
+    def __call__(self, x):
+      return self.make(name="layer")(x)
+
+  rng = np.random.default_rng(0)
+  cases = [(lambda **kw: nn.Dense(5, **kw), 1, (2, 3, 8)),
+           (lambda **kw: nn.DenseGeneral((2, 3), **kw), 1, (2, 3, 8)),
+           (lambda **kw: nn.DenseGeneral(4, axis=(-2, -1), **kw), 2, (2, 3, 2, 6))]
+  for make, feature_axes, shape in cases:
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    rows, direct = Rows(make, feature_axes), Direct(make)
+    p = rows.init(jax.random.key(1), x)
+    q = direct.init(jax.random.key(1), x)
+    assert jax.tree.map(np.shape, p) == jax.tree.map(np.shape, q)
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+      np.testing.assert_array_equal(a, b)  # The same initial values too.
+    y, y_direct = rows.apply(p, x), direct.apply(p, x)
+    assert y.shape == y_direct.shape == shape[:len(shape) - feature_axes] + y.shape[len(shape) - feature_axes:]
+    np.testing.assert_allclose(y, y_direct, rtol=1e-6, atol=1e-6)
+    grad = lambda m: jax.grad(lambda p, x: jnp.sum(jnp.sin(m.apply(p, x))), argnums=(0, 1))(p, x)
+    for a, b in zip(jax.tree.leaves(grad(rows)), jax.tree.leaves(grad(direct))):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import Family, register
-from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, layer_norm_axes, stack, vocab_logits
+from multilevel.models.transformer import (check_tokens, compute_dtype, dense_init, layer_norm_axes, over_rows, stack,
+                                           vocab_logits)
 
 
 class Bert(nn.Module):
@@ -45,7 +46,7 @@ class Bert(nn.Module):
     x_BxTxD = x
     if positions_BxP is not None:  # Only the predicted positions go through the head (15% of them in training).
       x_BxTxD = jnp.take_along_axis(x_BxTxD, positions_BxP[:, :, None], axis=1)
-    h_BxTxD = nn.Dense(cfg.width, kernel_init=dense_init(), name="mlm_dense")(x_BxTxD)
+    h_BxTxD = over_rows(nn.Dense(cfg.width, kernel_init=dense_init(), name="mlm_dense"), x_BxTxD)
     h_BxTxD = nn.gelu(h_BxTxD, approximate=False)
     h_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="mlm_ln")(h_BxTxD)
     bias_V = self.param("mlm_bias", nn.initializers.zeros, (cfg.vocab_size,))

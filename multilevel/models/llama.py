@@ -19,7 +19,7 @@ from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import Family, register
 from multilevel.models.gpt import lm_head_flops, positions
-from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, scan_blocks
+from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, over_rows, scan_blocks
 
 
 def rope_inverse_frequencies(head_dim: int, base: float, llama3: tuple[float, float, float, int] | None = None):
@@ -76,14 +76,14 @@ class Attention(nn.Module):
   def __call__(self, x_BxTxD, cos_TxK, sin_TxK):
     cfg = self.cfg
     dt = compute_dtype(cfg)
-    proj = lambda heads, name: nn.DenseGeneral((heads, cfg.head_dim), use_bias=False, dtype=dt,
-                                               kernel_init=dense_init(), name=name)
-    q_BxTxHxK = apply_rope(proj(cfg.num_heads, "query")(x_BxTxD), cos_TxK, sin_TxK)
-    k_BxTxGxK = apply_rope(proj(cfg.kv_heads, "key")(x_BxTxD), cos_TxK, sin_TxK)
-    v_BxTxGxK = proj(cfg.kv_heads, "value")(x_BxTxD)
+    proj = lambda heads, name: over_rows(nn.DenseGeneral((heads, cfg.head_dim), use_bias=False, dtype=dt,
+                                                         kernel_init=dense_init(), name=name), x_BxTxD)
+    q_BxTxHxK = apply_rope(proj(cfg.num_heads, "query"), cos_TxK, sin_TxK)
+    k_BxTxGxK = apply_rope(proj(cfg.kv_heads, "key"), cos_TxK, sin_TxK)
+    v_BxTxGxK = proj(cfg.kv_heads, "value")
     y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, is_causal=True)
-    return nn.DenseGeneral(cfg.width, axis=(-2, -1), use_bias=False, dtype=dt, kernel_init=dense_init(),
-                           name="out")(y_BxTxHxK)
+    out = nn.DenseGeneral(cfg.width, axis=(-2, -1), use_bias=False, dtype=dt, kernel_init=dense_init(), name="out")
+    return over_rows(out, y_BxTxHxK, feature_axes=2)
 
 
 class SwiGlu(nn.Module):
@@ -94,9 +94,10 @@ class SwiGlu(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=compute_dtype(cfg), kernel_init=dense_init(), name=name)
-    h_BxTxF = nn.silu(dense(cfg.ffn_dim, "gate")(x_BxTxD)) * dense(cfg.ffn_dim, "up")(x_BxTxD)
-    return dense(cfg.width, "down")(h_BxTxF)
+    dense = lambda n, name, x: over_rows(nn.Dense(n, use_bias=False, dtype=compute_dtype(cfg),
+                                                  kernel_init=dense_init(), name=name), x)
+    h_BxTxF = nn.silu(dense(cfg.ffn_dim, "gate", x_BxTxD)) * dense(cfg.ffn_dim, "up", x_BxTxD)
+    return dense(cfg.width, "down", h_BxTxF)
 
 
 def rms_norm(cfg: ModelConfig, name: str) -> nn.Module:

@@ -115,15 +115,15 @@ class LinearAttention(nn.Module):
   def __call__(self, x_BxTxD, mask_BxT=None):
     cfg = self.cfg
     dt = T.compute_dtype(cfg)
-    proj = lambda name: nn.DenseGeneral((cfg.num_heads, cfg.head_dim), dtype=dt, kernel_init=T.dense_init(),
-                                        name=name)
-    q_BxTxHxK = proj("query")(x_BxTxD).astype(jnp.float32)
-    k_BxTxHxK = proj("key")(x_BxTxD).astype(jnp.float32)
-    v_BxTxHxK = proj("value")(x_BxTxD).astype(jnp.float32)
+    proj = lambda name: T.over_rows(nn.DenseGeneral((cfg.num_heads, cfg.head_dim), dtype=dt,
+                                                    kernel_init=T.dense_init(), name=name), x_BxTxD)
+    q_BxTxHxK = proj("query").astype(jnp.float32)
+    k_BxTxHxK = proj("key").astype(jnp.float32)
+    v_BxTxHxK = proj("value").astype(jnp.float32)
     y_BxTxHxK = linear_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, causal=self.causal, mask_BxT=mask_BxT,
                                  chunk=self.chunk).astype(dt)
-    return nn.DenseGeneral(cfg.width, axis=(-2, -1), dtype=dt, kernel_init=T.dense_init(self.out_std), name="out")(
-        y_BxTxHxK)
+    out = nn.DenseGeneral(cfg.width, axis=(-2, -1), dtype=dt, kernel_init=T.dense_init(self.out_std), name="out")
+    return T.over_rows(out, y_BxTxHxK, feature_axes=2)
 
 
 class LowRankDense(nn.Module):
@@ -139,8 +139,9 @@ class LowRankDense(nn.Module):
   @nn.compact
   def __call__(self, x):
     s = math.sqrt(self.std / math.sqrt(self.rank))
-    h = nn.Dense(self.rank, use_bias=False, dtype=self.dtype, kernel_init=T.dense_init(s), name="u")(x)
-    y = nn.Dense(self.features, use_bias=False, dtype=self.dtype, kernel_init=T.dense_init(s), name="v")(h)
+    h = T.over_rows(nn.Dense(self.rank, use_bias=False, dtype=self.dtype, kernel_init=T.dense_init(s), name="u"), x)
+    y = T.over_rows(nn.Dense(self.features, use_bias=False, dtype=self.dtype, kernel_init=T.dense_init(s), name="v"),
+                    h)
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
     return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,)).astype(y.dtype)
 
