@@ -21,6 +21,9 @@ def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
   c.progress = False
   c.tensorboard = False
   c.data.cache_dir = CACHE
+  # A loop over the layers: on the CPU the default unrolls them (a faster step, a slower compile), and these runs
+  # are mostly compilation. The unrolled model is the same model (tests/test_models.py).
+  c.model.scan_unroll = 1
   if deep:
     c.model.num_layers, c.model.num_heads, c.model.head_dim = 4, 4, 8
   return override(c, overrides)
@@ -29,7 +32,8 @@ def tiny_config(family: str, levels: int = 2, deep: bool = False, **overrides):
 def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[str]:
   out = [f"--config={os.path.join(ROOT, 'experiments', 'configs', family + '.py')}:test",
          f"--config.cycle.levels={levels}", "--config.progress=False", "--config.tensorboard=False",
-         f"--config.data.cache_dir={CACHE}", f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}"]
+         f"--config.data.cache_dir={CACHE}", f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}",
+         "--config.model.scan_unroll=1"]  # As tiny_config.
   if deep:
     out += ["--config.model.num_layers=4", "--config.model.num_heads=4", "--config.model.head_dim=8"]
   out += [f"--config.{k}={v}" for k, v in overrides.items()]

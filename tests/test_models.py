@@ -291,3 +291,21 @@ def test_dense_layers_on_rows_have_the_same_parameters_and_outputs():
     grad = lambda m: jax.grad(lambda p, x: jnp.sum(jnp.sin(m.apply(p, x))), argnums=(0, 1))(p, x)
     for a, b in zip(jax.tree.leaves(grad(rows)), jax.tree.leaves(grad(direct))):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_layer_loop_unrolled_or_not_is_the_same_model():
+  """``scan_unroll``: 0 = auto (every layer unrolled on the CPU backend, a loop elsewhere), n = n layers per loop
+  iteration. The parameters and the function do not depend on it."""
+  from multilevel.models.transformer import scan_unroll
+  cfg = M.preset("gpt-test", num_layers=4)
+  assert (scan_unroll(cfg, "cpu"), scan_unroll(cfg, "gpu"), scan_unroll(cfg, "tpu")) == (4, 1, 1)
+  assert scan_unroll(cfg.replace(scan_unroll=2), "cpu") == 2 and scan_unroll(cfg.replace(scan_unroll=9), "gpu") == 4
+  x = tokens(cfg)
+  looped, unrolled = cfg.replace(scan_unroll=1), cfg.replace(scan_unroll=4)
+  p = M.init_params(looped, 3)
+  q = M.init_params(unrolled, 3)
+  for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(apply_jit(unrolled, p, x), apply_jit(looped, p, x), rtol=0, atol=1e-5)
+  with pytest.raises(ValueError, match="scan_unroll must be >= 0"):
+    cfg.replace(scan_unroll=-1)

@@ -76,16 +76,16 @@ def from_hf_state_dict(state_dict: Mapping[str, Any], config, architecture: str 
   """``(ModelConfig, params)`` from a Hugging Face state dict (numpy arrays or torch tensors) and its config.
 
   ``architecture`` (e.g. ``"BertForMaskedLM"``) overrides ``config.architectures``. ``overrides`` may set the
-  fields HF does not describe: ``dtype``, ``remat``, ``dropout``, ``attention`` (the kernel).
+  fields HF does not describe: ``dtype``, ``remat``, ``dropout``, ``attention`` (the kernel), ``scan_unroll``.
   """
   d = config_dict(config)
   sd = {k: to_numpy(v) for k, v in state_dict.items()}
   a = REGISTRY.resolve(d, sd.keys(), architecture)
   cfg = a.config_from_hf(d)
-  bad = sorted(set(overrides) - {"dtype", "remat", "dropout", "attention"})
+  bad = sorted(set(overrides) - {"dtype", "remat", "dropout", "attention", "scan_unroll"})
   if bad:
-    raise HFInteropError(f"Only dtype, remat, dropout and attention may be overridden on import, not {bad}: the rest comes "
-                         "from the checkpoint.")
+    raise HFInteropError(f"Only dtype, remat, dropout, attention and scan_unroll may be overridden on import, not "
+                         f"{bad}: the rest comes from the checkpoint.")
   cfg = cfg.replace(**overrides)
   sd = normalise(a, sd, cfg, d)
   check_tensors(a, sd, cfg)
@@ -113,7 +113,7 @@ def load_hf(source, *, config=None, architecture: str | None = None, **overrides
   ``source`` is one of: a ``save_pretrained`` directory; a weights file (``.safetensors``, ``.bin``, a shard
   ``.index.json``) with ``config.json`` beside it or ``config=``; a state dict (with ``config=``); or an in-memory
   ``transformers`` model. Nothing is downloaded: a hub name is not a path and fails. ``overrides`` may set
-  ``dtype``, ``remat`` or ``dropout``.
+  ``dtype``, ``remat``, ``dropout``, ``attention`` or ``scan_unroll``.
   """
   if hasattr(source, "state_dict") and hasattr(source, "config") and not isinstance(source, (str, os.PathLike)):
     arch = architecture or type(source).__name__

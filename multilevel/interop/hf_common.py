@@ -295,8 +295,8 @@ def normalise(a: HFArchitecture, sd: Mapping[str, np.ndarray], cfg: ModelConfig,
 
 
 def shape_config(cfg: ModelConfig) -> ModelConfig:
-  """``cfg`` with the fields that do not change parameter shapes (dtype, remat, dropout) fixed."""
-  return cfg.replace(dtype="float32", remat=False, dropout=0.0)
+  """``cfg`` with the fields that do not change parameter shapes (dtype, remat, dropout, scan_unroll) fixed."""
+  return cfg.replace(dtype="float32", remat=False, dropout=0.0, scan_unroll=0)
 
 
 def check_tensors(a: HFArchitecture, sd: Mapping[str, np.ndarray], cfg: ModelConfig):

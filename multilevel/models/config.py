@@ -56,6 +56,10 @@ class ModelConfig:
   ln_eps: float = -1.0  # -1 means the family's default (BERT 1e-12, GPT and LLaMA 1e-5, DeiT 1e-6).
   dtype: str = "float32"  # Compute dtype; parameters are always float32.
   remat: bool = False  # Rematerialise each block in the backward pass (saves memory on big models).
+  # Layers per iteration of the loop over the stacked blocks (nn.scan's unroll; the parameters are stacked either
+  # way): 0 = auto, every layer on the CPU backend (where XLA's autodiff through the loop cost GPT's train step about
+  # a fifth of its backward pass) and 1 elsewhere (a loop: compile time that does not grow with depth).
+  scan_unroll: int = 0
   # jax.nn.dot_product_attention: 'auto' = cuDNN's flash kernel on GPUs in bf16/fp16, XLA's elsewhere; 'xla';
   # 'cudnn' (fails where cuDNN cannot); 'explicit' = materialised probabilities (always used to train with dropout).
   attention: str = "auto"
@@ -88,6 +92,9 @@ class ModelConfig:
       raise ValueError("Text models need vocab_size >= 1 and max_len >= 1.")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"ModelConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}.")
+    if self.scan_unroll < 0:
+      raise ValueError(f"ModelConfig.scan_unroll must be >= 0 (0 = auto: all layers unrolled on CPUs, a loop "
+                       f"elsewhere; n = n layers per loop iteration), got {self.scan_unroll}.")
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
 

@@ -209,7 +209,7 @@ class RelaxedBlocks(nn.Module):
     cfg, fam = self.cfg, family_of(self.cfg)
     block = nn.remat(RelaxedBlock) if cfg.remat else RelaxedBlock
     scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=nn.broadcast, length=cfg.num_layers)
+                      in_axes=nn.broadcast, length=cfg.num_layers, unroll=T.scan_unroll(cfg))
     module = scanned(cfg, fam.pre_ln, fam.causal, self.deterministic, self.rank, self.attention, self.chunk,
                      name="layers")
     return module(x_BxTxD, mask_BxT)[0]

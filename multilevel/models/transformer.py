@@ -154,10 +154,18 @@ class Block(nn.Module):
     return x_BxTxD.astype(jnp.float32), None
 
 
+def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
+  """Layers per iteration of the layer loop: ``cfg.scan_unroll``, or with 0 (auto) all of them on the CPU backend
+  and 1 on the others (``backend`` defaults to JAX's default backend)."""
+  if cfg.scan_unroll:
+    return min(cfg.scan_unroll, cfg.num_layers)
+  return cfg.num_layers if (backend or jax.default_backend()) == "cpu" else 1
+
+
 def scan_blocks(block: type[nn.Module], cfg: ModelConfig, *args, name: str = "layers"):
   """``cfg.num_layers`` copies of ``block(cfg, *args)`` scanned over a leading parameter axis named ``name``
-  (rematerialised with ``cfg.remat``). The block is called as ``block(x, *broadcast) -> (x, None)``; every call
-  argument after ``x`` is the same for all layers.
+  (rematerialised with ``cfg.remat``, ``scan_unroll(cfg)`` layers per loop iteration). The block is called as
+  ``block(x, *broadcast) -> (x, None)``; every call argument after ``x`` is the same for all layers.
 
   Call it inside a parent's ``@nn.compact`` method: ``x = scan_blocks(MyBlock, cfg, ...)(x, *broadcast)``.
   """
@@ -168,6 +176,7 @@ def scan_blocks(block: type[nn.Module], cfg: ModelConfig, *args, name: str = "la
       split_rngs={"params": True, "dropout": True},
       in_axes=nn.broadcast,
       length=cfg.num_layers,
+      unroll=scan_unroll(cfg),
   )
   module = scanned(cfg, *args, name=name)
   return lambda x, *broadcast: module(x, *broadcast)[0]
