@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from multilevel.models.decode import greedy_decode
-from tests.hf_util import TOL, I, M, torch, transformers  # Skips this module without torch / transformers.
+# Skips this module without torch / transformers.
+from tests.hf_util import TOL, I, M, assert_trees_equal, torch, transformers
 
 TOKENS = np.random.default_rng(0).integers(0, 64, (2, 12))
 
@@ -36,15 +37,6 @@ def make(seed=0, scale=0.2, **kw):
 def hf_logits(model, tokens=TOKENS):
   with torch.no_grad():
     return model(input_ids=torch.tensor(tokens)).logits.numpy()
-
-
-def assert_trees_equal(a, b):
-  fa, ta = jax.tree_util.tree_flatten_with_path(a)
-  fb, tb = jax.tree_util.tree_flatten_with_path(b)
-  assert ta == tb
-  for (path, x), (_, y) in zip(fa, fb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype == np.float32 and x.shape == y.shape and np.array_equal(x, y), path
 
 
 @pytest.mark.parametrize("tie", [False, True])
