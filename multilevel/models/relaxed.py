@@ -207,12 +207,8 @@ class RelaxedBlocks(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxT=None):
     cfg, fam = self.cfg, family_of(self.cfg)
-    block = nn.remat(RelaxedBlock) if cfg.remat else RelaxedBlock
-    scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=nn.broadcast, length=cfg.num_layers, unroll=T.scan_unroll(cfg))
-    module = scanned(cfg, fam.pre_ln, fam.causal, self.deterministic, self.rank, self.attention, self.chunk,
-                     name="layers")
-    return module(x_BxTxD, mask_BxT)[0]
+    return T.scan_blocks(RelaxedBlock, cfg, fam.pre_ln, fam.causal, self.deterministic, self.rank, self.attention,
+                         self.chunk)(x_BxTxD, mask_BxT)
 
 
 def check_relaxed(cfg: ModelConfig, rank: int, attention: str, chunk: int) -> None:
