@@ -74,6 +74,20 @@ def report_timing(module: str, a: types.SimpleNamespace, results, load_start, lo
   print(f"Wrote {a.out}")
 
 
+def time_each(module: str, a: types.SimpleNamespace, measure, items) -> None:
+  """Runs ``measure(item, a)`` for each of ``items`` and reports the results as ``report_timing`` does, with the load
+  averages before and after."""
+  import os
+  load_start = os.getloadavg()
+  results = [measure(item, a) for item in items]
+  report_timing(module, a, results, load_start, os.getloadavg())
+
+
+def families(a: types.SimpleNamespace) -> list[str]:
+  """The comma-separated ``a.families``, stripped, empty ones dropped."""
+  return [f.strip() for f in a.families.split(",") if f.strip()]
+
+
 def command(module: str) -> str:
   """The command line that ran ``module``, as a results file records it: ``python -m benchmarks.gpu --smoke``."""
   return shlex.join(["python", "-m", module] + sys.argv[1:])

@@ -14,7 +14,6 @@ positions of 32 rows, vocabulary 1024), the third the throughput benchmark's GPT
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import types
@@ -120,9 +119,7 @@ def main(argv):
     from absl import app
     raise app.UsageError(f"--max_logits takes integers: -1 (auto), 0 (one chunk) or logits per chunk; got "
                          f"{a.max_logits}.")
-  load0 = os.getloadavg()
-  results = [measure(s, a) for s in a.shapes]
-  cli.report_timing("benchmarks.loss_head", a, results, load0, os.getloadavg())
+  cli.time_each("benchmarks.loss_head", a, measure, a.shapes)
 
 
 if __name__ == "__main__":

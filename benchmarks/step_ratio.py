@@ -13,7 +13,6 @@ analytic train-FLOPs ratio. Compilation and two warm-up steps are excluded.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import types
@@ -118,10 +117,7 @@ def measure(family: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
-  load0 = os.getloadavg()
-  rows = [measure(f.strip(), a) for f in a.families.split(",") if f.strip()]
-  load1 = os.getloadavg()
-  cli.report_timing("benchmarks.step_ratio", a, rows, load0, load1)
+  cli.time_each("benchmarks.step_ratio", a, measure, cli.families(a))
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ def cross_entropy_sums(h_BxTxD, embedding_VxD, bias_V, labels_BxT, weights_BxT, 
     labels_BxT = jnp.pad(labels_BxT, ((0, 0), (0, pad)))
     weights_BxT = jnp.pad(weights_BxT, ((0, 0), (0, pad)))
   chunks = lambda x: jnp.moveaxis(x.reshape((b, c, m) + x.shape[2:]), 1, 0)  # (B, T) -> (C, B, M): rows intact.
-  loss, correct = _chunked(chunks(h_BxTxD), embedding_VxD, bias_V, chunks(labels_BxT), chunks(weights_BxT),
-                           jnp.dtype(dtype))
+  with jax.named_scope("vocab_loss"):  # Names the loss head's ops in profiles (benchmarks/step_profile.py).
+    loss, correct = _chunked(chunks(h_BxTxD), embedding_VxD, bias_V, chunks(labels_BxT), chunks(weights_BxT),
+                             jnp.dtype(dtype))
   return {"loss_sum": loss, "count": count, "correct": correct}
