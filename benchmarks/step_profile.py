@@ -164,16 +164,21 @@ def trace_op_ms(trace_dir: str, ops: dict[str, tuple[str, str]], steps: int) -> 
   return {"ms": table, "op_ms": ms(sum(by.values())), "unmatched_ms": ms(unmatched)}
 
 
-def profile_side(timed, steps: int) -> dict:
-  """Wall time per step (untraced) and the traced breakdown of ``timed`` (a ``step_ratio.Timed``)."""
+def traced(run, hlo_text: str, steps: int) -> dict:
+  """The breakdown (``trace_op_ms``) of ``run()``, which must run ``steps`` steps of the executable whose HLO text is
+  ``hlo_text`` and block on their results, traced by ``jax.profiler``."""
   import jax
-  wall = statistics.median(timed.run(1) for _ in range(steps))
-  ops = classify_hlo(timed.train.as_text())
+  ops = classify_hlo(hlo_text)
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
-      timed.run(steps)
-    out = trace_op_ms(d, ops, steps)
-  return {"wall_ms": 1e3 * wall, **out}
+      run()
+    return trace_op_ms(d, ops, steps)
+
+
+def profile_side(timed, steps: int) -> dict:
+  """Wall time per step (untraced) and the traced breakdown of ``timed`` (a ``step_ratio.Timed``)."""
+  wall = statistics.median(timed.run(1) for _ in range(steps))
+  return {"wall_ms": 1e3 * wall, **traced(lambda: timed.run(steps), timed.train.as_text(), steps)}
 
 
 def part_flops(cfg, batch: int, objective) -> dict:

@@ -31,6 +31,9 @@ def test_gpu_script_smoke_throughput(tmp_path):
   assert t["big"]["loss_finite"] and t["small"]["loss_finite"] and t["big"]["tokens_per_s"] > 0
   assert 0 < t["flops_ratio_small_big"] < 1
   assert "Step-time ratio small/big" in stdout
+  for side in ("big", "small"):  # Each model's traced steps, split by part (benchmarks/step_profile.py).
+    ms = t[side]["profile"]["ms"]
+    assert ms["blocks"]["matmul"] > 0 and ms["vocab_loss"]["matmul"] > 0 and ms["optimizer"]["other"] > 0
 
 
 def test_gpu_script_cycle_config():
