@@ -83,9 +83,15 @@ def time_each(module: str, a: types.SimpleNamespace, measure, items) -> None:
   report_timing(module, a, results, load_start, os.getloadavg())
 
 
-def families(a: types.SimpleNamespace) -> list[str]:
-  """The comma-separated ``a.families``, stripped, empty ones dropped."""
-  return [f.strip() for f in a.families.split(",") if f.strip()]
+def families(a: types.SimpleNamespace, known: tuple[str, ...] = ("gpt", "bert", "deit")) -> list[str]:
+  """The comma-separated ``a.families``, stripped, empty ones dropped; a name not in ``known`` (or none at all) is
+  refused with the names that are."""
+  names = [f.strip() for f in a.families.split(",") if f.strip()]
+  bad = [f for f in names if f not in known]
+  if bad or not names:
+    raise app.UsageError(f"--families={a.families!r}: {'unknown ' + ', '.join(bad) if bad else 'none given'}; "
+                         f"name one or more of {', '.join(known)}, comma-separated.")
+  return names
 
 
 def command(module: str) -> str:

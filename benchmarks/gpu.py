@@ -215,11 +215,14 @@ def throughput(a, mesh) -> dict:
           f"loss {r['loss_after']:.3f}, peak device memory so far {r['memory_peak_gib_so_far']} GiB", flush=True)
     rows.append(r)
   b, s = rows
+  parts = None
   if b["profile"] and s["profile"] and "error" not in b["profile"] and "error" not in s["profile"]:
-    for part, kinds in b["profile"]["ms"].items():
-      big_ms, small_ms = sum(kinds.values()), sum(s["profile"]["ms"][part].values())
-      print(f"  {part}: {big_ms:.2f} -> {small_ms:.2f} ms/step (traced operations, big -> small)", flush=True)
-  return {"big": b, "small": s, "step_time_ratio_small_big": s["step_s"] / b["step_s"],
+    from benchmarks import step_profile
+    parts = step_profile.compare_parts(b["profile"], s["profile"])
+    for part, p in parts.items():
+      print(f"  {part}: {p['big_ms']:.2f} -> {p['small_ms']:.2f} ms/step (traced operations, big -> small)",
+            flush=True)
+  return {"big": b, "small": s, "profile_parts": parts, "step_time_ratio_small_big": s["step_s"] / b["step_s"],
           "flops_ratio_small_big": s["train_flops_per_step"] / b["train_flops_per_step"],
           "reference_8xA100": {"step_time_ratio": 0.43, "flops_ratio": 0.24}}
 

@@ -183,6 +183,22 @@ def profile_side(timed, steps: int) -> dict:
   return {"wall_ms": 1e3 * wall, **traced(lambda: timed.run(steps), timed.train.as_text(), steps)}
 
 
+def _ratio(x: float, y: float) -> float:
+  return x / y if y else float("nan")
+
+
+def compare_parts(big: dict, small: dict) -> dict:
+  """Per part of the step, from two ``trace_op_ms`` breakdowns: ``big_ms``, ``small_ms`` and their ratios (the
+  part's, and each kind's: ``matmul_time_ratio``, ``other_time_ratio``; NaN where the big model spent nothing)."""
+  out = {}
+  for part in PARTS:
+    b, s = big["ms"][part], small["ms"][part]
+    out[part] = {"big_ms": sum(b.values()), "small_ms": sum(s.values()),
+                 "time_ratio": _ratio(sum(s.values()), sum(b.values())),
+                 **{f"{kind}_time_ratio": _ratio(s[kind], b[kind]) for kind in KINDS}}
+  return out
+
+
 def part_flops(cfg, batch: int, objective) -> dict:
   """Analytic train FLOPs per step of the blocks and of everything else (the head; ``train/flops.py``)."""
   from multilevel.models import family_of
@@ -203,19 +219,12 @@ def measure(family: str, a) -> dict:
   res = {k: profile_side(v, a.steps) for k, v in sides.items()}
   obj = sides["big"].objective
   flops = {k: part_flops(c, batch, obj) for k, c in (("big", big), ("small", small))}
-  ratio = lambda x, y: x / y if y else float("nan")
-  parts = {}
-  for part in PARTS:
-    b = sum(res["big"]["ms"][part].values())
-    s = sum(res["small"]["ms"][part].values())
-    parts[part] = {"big_ms": b, "small_ms": s, "time_ratio": ratio(s, b),
-                   **{f"{kind}_time_ratio": ratio(res["small"]["ms"][part][kind], res["big"]["ms"][part][kind])
-                      for kind in KINDS}}
+  parts = compare_parts(res["big"], res["small"])
   parts["blocks"]["flops_ratio"] = flops["small"]["blocks"] / flops["big"]["blocks"]
   out = {"family": family, "batch": batch, "big": f"L{big.num_layers}/d{big.width}/h{big.num_heads}",
          "small": f"L{small.num_layers}/d{small.width}/h{small.num_heads}", "sides": res, "flops": flops,
          "flops_ratio": flops["small"]["total"] / flops["big"]["total"],
-         "head_flops_ratio": ratio(flops["small"]["head"], flops["big"]["head"]),
+         "head_flops_ratio": _ratio(flops["small"]["head"], flops["big"]["head"]),
          "wall_ratio": res["small"]["wall_ms"] / res["big"]["wall_ms"],
          "op_ratio": res["small"]["op_ms"] / res["big"]["op_ms"], "parts": parts}
   print(f"{family}: wall {res['big']['wall_ms']:.1f} / {res['small']['wall_ms']:.1f} ms (ratio "
@@ -234,7 +243,15 @@ def measure(family: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
-  cli.time_each("benchmarks.step_profile", a, measure, cli.families(a))
+  cli.time_each("benchmarks.step_profile", a, measure, checked_families(a))
+
+
+def checked_families(a) -> list[str]:
+  """The families to profile; bad flags are refused (``app.UsageError``) before anything is built."""
+  if a.steps < 1 or a.warmup < 0:
+    from absl import app
+    raise app.UsageError(f"--steps must be 1 or more and --warmup 0 or more, got {a.steps} and {a.warmup}.")
+  return cli.families(a)
 
 
 if __name__ == "__main__":

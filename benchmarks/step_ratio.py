@@ -117,6 +117,10 @@ def measure(family: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
+  if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
+    from absl import app
+    raise app.UsageError(f"--rounds and --steps must be 1 or more and --warmup 0 or more, got {a.rounds}, {a.steps} "
+                         f"and {a.warmup}.")
   cli.time_each("benchmarks.step_ratio", a, measure, cli.families(a))
 
 

@@ -2,6 +2,7 @@
 traced step split that way."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 
 from benchmarks import step_profile as SP
@@ -51,3 +52,25 @@ def test_a_real_train_step_is_traced_and_split_by_part():
   assert abs(total - out["op_ms"]) < 1e-6
   assert out["unmatched_ms"] <= 0.1 * out["op_ms"] and out["matched_events"] > 0
   assert out["wall_ms"] > 0
+
+
+def test_two_breakdowns_compare_part_by_part():
+  zero = {kind: 0.0 for kind in SP.KINDS}
+  big = {"ms": {**{p: dict(zero) for p in SP.PARTS}, "blocks": {"matmul": 8.0, "other": 4.0}}}
+  small = {"ms": {**{p: dict(zero) for p in SP.PARTS}, "blocks": {"matmul": 2.0, "other": 2.0}}}
+  parts = SP.compare_parts(big, small)
+  assert parts["blocks"] == {"big_ms": 12.0, "small_ms": 4.0, "time_ratio": 4.0 / 12.0, "matmul_time_ratio": 0.25,
+                             "other_time_ratio": 0.5}
+  assert parts["optimizer"]["big_ms"] == 0.0 and parts["optimizer"]["time_ratio"] != parts["optimizer"]["time_ratio"]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--families=gpt,lama"], "unknown lama.*gpt, bert, deit"),
+    (["--families=,"], "none given"),
+    (["--steps=0"], "--steps must be 1 or more"),
+])
+def test_bad_flags_are_refused_before_anything_runs(argv, match):
+  from absl import app
+  with pytest.raises(app.UsageError, match=match):
+    SP.checked_families(SP.parse_args(argv))
+  assert SP.checked_families(SP.parse_args(["--families=deit, gpt"])) == ["deit", "gpt"]
