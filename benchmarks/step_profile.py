@@ -14,6 +14,10 @@ work, reductions, copies, transposes). For each part it reports the milliseconds
 ratio small / big, and the part's analytic FLOPs ratio where FLOPs are counted (``train/flops.py``: the blocks and
 the vocabulary head). A part whose time ratio is above its FLOPs ratio is where the small step loses.
 
+The persistent compilation cache is turned off here: its keys leave the HLO metadata (the name scopes) out, so an
+executable compiled by older code would come back with that code's scopes; ``traced`` refuses a step whose HLO names
+no ``optimizer`` scope for that reason.
+
 The times are the operations' own durations summed (XLA's CPU runtime may run two at once, so they can add up to
 more than the step's wall time, which is reported beside them); control-flow operations (``while``) enclose their
 bodies' operations and are not counted themselves. An operation is found in the trace by its ``hlo_op`` argument (XLA's CPU
@@ -168,9 +172,16 @@ def trace_op_ms(trace_dir: str, ops: dict[str, tuple[str, str]], steps: int) -> 
 
 def traced(run, hlo_text: str, steps: int) -> dict:
   """The breakdown (``trace_op_ms``) of ``run()``, which must run ``steps`` steps of the executable whose HLO text is
-  ``hlo_text`` and block on their results, traced by ``jax.profiler``."""
+  ``hlo_text`` and block on their results, traced by ``jax.profiler``. An executable with no ``optimizer`` scope
+  (every train step of the engine has one) is refused before anything is traced: it was compiled from older code,
+  most likely read back from a persistent compilation cache, whose keys leave the HLO metadata out."""
   import jax
   ops = classify_hlo(hlo_text)
+  if not any(part == "optimizer" for part, _ in ops.values()):
+    raise ValueError("The step's compiled HLO names no 'optimizer' scope, so its operations cannot be given to their "
+                     "parts: the executable was compiled from code without the engine's name scopes, most likely read "
+                     "back from a persistent compilation cache (its keys ignore the HLO metadata). Run without one: "
+                     "unset JAX_COMPILATION_CACHE_DIR or point it at an empty directory.")
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
       run()
@@ -243,6 +254,8 @@ def measure(family: str, a) -> dict:
 def main(argv):
   del argv
   a = parse_args()
+  import jax
+  jax.config.update("jax_enable_compilation_cache", False)  # A cached executable may carry older name scopes.
   cli.time_each("benchmarks.step_profile", a, measure, checked_families(a))
 
 

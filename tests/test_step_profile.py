@@ -54,6 +54,15 @@ def test_a_real_train_step_is_traced_and_split_by_part():
   assert out["wall_ms"] > 0
 
 
+def test_an_executable_without_the_engines_scopes_is_refused_before_tracing():
+  # What a persistent cache hands back for a step compiled before the engine named its parts: no optimizer scope.
+  text = jax.jit(lambda w, x: jnp.sum(jnp.tanh(x @ w))).lower(jnp.ones((8, 8)), jnp.ones((4, 8))).compile().as_text()
+  ran = []
+  with pytest.raises(ValueError, match="names no 'optimizer' scope.*JAX_COMPILATION_CACHE_DIR"):
+    SP.traced(lambda: ran.append(1), text, 1)
+  assert not ran
+
+
 def test_two_breakdowns_compare_part_by_part():
   zero = {kind: 0.0 for kind in SP.KINDS}
   big = {"ms": {**{p: dict(zero) for p in SP.PARTS}, "blocks": {"matmul": 8.0, "other": 4.0}}}
