@@ -4,6 +4,11 @@ A checkpoint has two items: ``state`` (params, optimizer state, and the pre-coal
 interpolations need) and ``meta`` (JSON: stage, step in stage, global step, data-iterator position, counters, the
 config it belongs to). Orbax writes each save to a temporary folder and renames it when complete, so a save killed
 half-way is never taken for a checkpoint; the previous one is used instead.
+
+Orbax checks the structure of what it reads, not the bytes: a data file damaged in place (a bad disk, a partial copy)
+can read back as other numbers without any error. So every save also records a CRC-32 of each array's bytes in the
+``meta`` item (``checksums``; ``checkpoint.verify``, on by default), and a restore recomputes them and refuses a
+checkpoint whose arrays differ, naming them. Checkpoints written without checksums are read as before.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import dataclasses
 import json
 import os
 import sys
+import zlib
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from multilevel.typed_config import ConfigError, check_fields
@@ -27,6 +34,7 @@ class CheckpointConfig:
   every: int = 200  # Steps between checkpoints (0: only at stage ends and transitions).
   keep: int = 2  # Checkpoints kept on disk.
   async_save: bool = True  # Write in the background while training goes on.
+  verify: bool = True  # CRC-32 of every array at save, checked at restore (a damaged checkpoint is refused).
 
   def __post_init__(self):
     check_fields(self, "checkpoint")
@@ -45,8 +53,9 @@ class Checkpointer:
   folder, the cause and what to do; a save that fails leaves the previous checkpoints as they were.
   """
 
-  def __init__(self, directory: str, *, keep: int = 2, async_save: bool = True):
+  def __init__(self, directory: str, *, keep: int = 2, async_save: bool = True, verify: bool = True):
     self.directory = os.path.abspath(os.path.expanduser(directory))
+    self.verify = verify
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     try:
       self._mngr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
@@ -61,6 +70,8 @@ class Checkpointer:
 
   def save(self, save_id: int, state: Any, meta: dict) -> None:
     self.wait()  # A failure of the previous, asynchronous save is reported under its own id.
+    if self.verify:
+      meta = dict(meta, checksums=tree_checksums(state))
     try:
       self._mngr.save(save_id, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         meta=ocp.args.JsonSave(meta)))
@@ -82,20 +93,42 @@ class Checkpointer:
       raise CheckpointError(self._damaged(save_id, e)) from None
 
   def restore_state(self, save_id: int, abstract_state: Any) -> Any:
+    """The state tree of checkpoint ``save_id`` restored into ``abstract_state``'s structure and shardings, its
+    arrays checked against the checksums saved with it."""
     try:
       out = self._mngr.restore(save_id, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-      return out["state"]
     except Exception as e:
       raise CheckpointError(self._damaged(save_id, e)) from None
+    self._check(save_id, out["state"])
+    return out["state"]
 
   def restore_saved(self, save_id: int) -> Any:
     """The state tree as saved (arrays on the default device), without a target tree: for reading a run's weights
-    outside the driver."""
+    outside the driver. Its parameters are checked against the checksums saved with it (without a target tree the
+    optimizer state comes back as plain containers, so only ``params`` is compared)."""
     try:
       out = self._mngr.restore(save_id, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-      return out["state"]
     except Exception as e:
       raise CheckpointError(self._damaged(save_id, e)) from None
+    self._check(save_id, {"params": out["state"]["params"]}, only_params=True)
+    return out["state"]
+
+  def _check(self, save_id: int, tree: Any, only_params: bool = False) -> None:
+    if not self.verify:
+      return
+    saved = self.restore_meta(save_id).get("checksums")
+    if saved is None:  # Written before checksums were recorded, or with checkpoint.verify off.
+      return
+    got = tree_checksums(tree)
+    if only_params:
+      saved = {k: v for k, v in saved.items() if k.startswith("params/")}
+    bad = sorted(k for k in set(saved) | set(got) if saved.get(k) != got.get(k))
+    if bad:
+      raise CheckpointError(
+          f"Checkpoint {save_id} in {self.directory} is damaged: {len(bad)} of its {len(saved)} arrays do not match "
+          f"the checksums written when it was saved ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}). Delete "
+          f"that checkpoint folder ({os.path.join(self.directory, str(save_id))}) to resume from an earlier one, or "
+          f"start a new --workdir.")
 
   def _damaged(self, save_id: int, e: Exception) -> str:
     return (f"Checkpoint {save_id} in {self.directory} could not be read ({_cause(e)}). It is damaged or was written "
@@ -116,6 +149,22 @@ class Checkpointer:
       raise self._write_failed(self._saving, e) from None
     finally:
       self._mngr.close()
+
+
+def tree_checksums(tree: Any) -> dict[str, int]:
+  """``{path: CRC-32}`` of every array leaf's bytes, its path the keys, attribute names and indices along the way
+  joined by ``/`` (so a named tuple and the dict Orbax reads it back as without a target tree share paths). One
+  array at a time comes to the host; an array sharded over several processes is gathered (a collective: every
+  process calls this and gets the same checksums)."""
+  out = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
+      x = multihost_utils.process_allgather(x, tiled=True)
+    a = np.ascontiguousarray(np.asarray(jax.device_get(x)))
+    name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    out[name] = zlib.crc32(f"{a.shape}{a.dtype}".encode() + a.tobytes())
+  return out
 
 
 def load_params(workdir: str) -> Any:

@@ -116,7 +116,7 @@ class Runner:
     self.cfg_json = resolved_config(run, self.model)
     quiet_orbax_logs()
     self.ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=run.checkpoint.keep,
-                             async_save=run.checkpoint.async_save)
+                             async_save=run.checkpoint.async_save, verify=run.checkpoint.verify)
     self._closers.append(self.ckpt.close)
     self.writer = MetricsWriter(self.workdir, enabled=self.is_main, tensorboard=run.tensorboard)
     self._closers.append(self.writer.close)
