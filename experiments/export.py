@@ -7,9 +7,11 @@ Needs the ``hf`` extra's safetensors. The model is the one the run ended with (c
 "error:" and exits with status 1.
 """
 
-import sys
+import os
 
 from absl import app, flags
+
+from experiments.errors import fail
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a finished experiments.train run.")
 _OUT = flags.DEFINE_string("out", None, "Folder to write config.json and model.safetensors to.")
@@ -21,12 +23,16 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from multilevel import interop
   from multilevel.checkpoint import CheckpointError, load_run
+  out = _OUT.value
+  if os.path.exists(out) and not os.path.isdir(out):
+    fail(f"--out={out} is a file: pass a folder (it is created if missing) for config.json and model.safetensors.")
   try:
     cfg, params = load_run(_WORKDIR.value)
-    out = interop.save_hf(cfg, params, _OUT.value)
+    out = interop.save_hf(cfg, params, out)
   except (CheckpointError, ValueError, ImportError) as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    fail(str(e))
+  except OSError as e:
+    fail(f"Cannot write the model to --out={out}: {e.strerror or e} ({e.filename or out}).")
   print(f"{cfg.family} model ({cfg.num_layers} layers, width {cfg.width}) written to {out}")
 
 

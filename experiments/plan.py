@@ -77,6 +77,7 @@ _MARGINS = flags.DEFINE_list("margins", ["0.02", "0.75"], "LANDING,SLOWER: under
                              "rate (the errors its runs have shown), and says how much of the saving survives.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
 flags.mark_flags_as_required(["config", "steps", "workdir"])
 
 
@@ -129,6 +130,8 @@ def main(argv):
   if _COMPILE_CACHE.value:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   steps, spec, work = _STEPS.value, _CONFIG.value, _WORKDIR.value
+  if steps < 1:
+    raise app.UsageError(f"--steps must be a positive number of train steps (the budget), got {steps}.")
   sets = key_values(_SET.value)
   margins = _margins(_MARGINS.value)  # Refused before any pilot trains.
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
@@ -137,6 +140,9 @@ def main(argv):
   ints = lambda xs, default: sorted({int(x) for x in xs} if xs else {max(1, round(f * steps)) for f in default})
   target_pilots = ints(_TARGET_PILOTS.value, (0.0625, 0.125, 0.25))
   small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0))
+  if not _TARGET_FROM.value and len(target_pilots) < 2:
+    raise app.UsageError(f"The target's pilots would run {target_pilots} steps: its frontier needs two budgets or "
+                         f"more. Raise --steps (8 or more), or give --target_pilots two or more budgets.")
   base = configured(spec, sets, {})
   try:  # The config's own seed runs every pilot already.
     seeds = [int(x) for x in _PILOT_SEEDS.value if int(x) != int(base.train.seed)]
@@ -327,4 +333,7 @@ def config_file(spec: str, sets: dict, plan: dict) -> str:
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  from experiments.errors import one_line
+  from multilevel.checkpoint import CheckpointError
+  sys.exit(app.run(one_line(main, (app.UsageError, ValueError, KeyError, OSError, CheckpointError),
+                            lambda: _DEBUG.value)))

@@ -59,4 +59,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from experiments.errors import one_line
+  app.run(one_line(main, (app.UsageError, FileNotFoundError, ValueError)))

@@ -189,6 +189,8 @@ def load_run(workdir: str):
   from multilevel.metrics import params_digest
   from multilevel.models import ModelConfig
   path = os.path.join(os.path.expanduser(workdir), "summary.json")
+  if not os.path.isdir(os.path.expanduser(workdir)):
+    raise CheckpointError(f"No folder {workdir}: pass the --workdir of a finished experiments.train run.")
   if not os.path.exists(path):
     raise CheckpointError(f"No summary.json in {workdir}: the run has not finished (run the same command to finish "
                           f"it), or this is not a run's --workdir.")

@@ -53,6 +53,11 @@ class MetricsWriter:
     if os.path.exists(self.path):
       with open(self.path, encoding="utf-8") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    if len(lines) < n:
+      from absl import logging
+      logging.warning("%s holds %d records where the checkpoint resumed from counts %d: the records before it were "
+                      "deleted or cut short. Training continues and appends from here; the history that is gone is "
+                      "not in the file (nor in plots made from it).", self.path, len(lines), n)
     tmp = self.path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join(ln + "\n" for ln in lines[:n]))

@@ -52,3 +52,22 @@ def test_resume_cuts_jsonl_and_hides_tensorboard_events_after_the_checkpoint(tmp
   assert [r["train_loss"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4, 5, 6.5, 7.5, 8.5]
   shown = _visible(_events(os.path.join(tmp_path, "tensorboard")), "train_loss")
   assert shown == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 6.5), (7, 7.5), (8, 8.5)]
+
+
+def test_resume_says_when_the_records_before_the_checkpoint_are_gone(tmp_path, caplog):
+  w = MetricsWriter(str(tmp_path), tensorboard=False)
+  w.truncate(0)
+  for step in range(1, 4):
+    w.write({"step": step})
+  w.close()
+  os.remove(os.path.join(tmp_path, "metrics.jsonl"))  # Deleted by hand; the checkpoint counts 3 records.
+  w = MetricsWriter(str(tmp_path), tensorboard=False)
+  with caplog.at_level("WARNING"):
+    w.truncate(3)
+  assert w.count == 0
+  assert any("holds 0 records where the checkpoint resumed from counts 3" in r.getMessage() for r in caplog.records)
+  caplog.clear()
+  w.write({"step": 4})
+  w.truncate(1)  # Nothing missing: no warning.
+  w.close()
+  assert not [r for r in caplog.records if r.levelname == "WARNING"]

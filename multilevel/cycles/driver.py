@@ -54,6 +54,14 @@ def _fault(point: str) -> None:
     os._exit(137)
 
 
+def check_dtype(model) -> None:
+  """Refuses a compute dtype the backend cannot multiply in: XLA's CPU backend has no float16 dot (it fails at the
+  first compilation, after the run has written its first checkpoint)."""
+  if jax.default_backend() == "cpu" and jnp.dtype(model.dtype) == jnp.float16:
+    raise ConfigError(f"model.dtype={model.dtype}: XLA's CPU backend has no float16 matrix multiply. On a CPU use "
+                      f"float32 or bfloat16 (float16 runs on GPUs).")
+
+
 def check_batch(train, mesh) -> None:
   """The global batch must split evenly over processes, devices and gradient-accumulation microbatches."""
   devices, procs = mesh.devices.size, jax.process_count()
@@ -98,6 +106,9 @@ class Runner:
     self.method.build_plan(probe, run.cycle, tc)
     self.mesh = make_mesh(tc.mesh, tc.num_devices or _default_devices(tc.mesh))
     check_batch(tc, self.mesh)
+    check_dtype(probe)
+    from multilevel.data import DataConfig, check_sources
+    check_sources(DataConfig.from_config(run.data, "data"), M.family_of(probe).modality)
     # On CPU, XLA's all-reduce over several devices can deadlock when steps are dispatched without waiting
     # (../shared/docs/environment.md): there the loop waits for each step's loss.
     self._sync_each_step = jax.default_backend() == "cpu" and self.mesh.devices.size > 1

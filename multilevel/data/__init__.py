@@ -26,7 +26,25 @@ from multilevel.data.common import DataInfo
 from multilevel.data.config import DataConfig, default_config
 from multilevel.data.pipeline import BatchIterator, EvalBatches
 
-__all__ = ["make_data", "DataConfig", "DataInfo", "default_config", "BatchIterator", "EvalBatches"]
+__all__ = ["make_data", "check_sources", "DataConfig", "DataInfo", "default_config", "BatchIterator", "EvalBatches"]
+
+
+def check_sources(cfg, kind: str) -> None:
+  """Refuses a data source the model cannot read (a text source for an image model, an image folder for a text
+  model), two text sources at once (rather than silently training on one of them) and files that do not exist."""
+  if kind == "text" and cfg.folder:
+    raise ValueError(f"data.folder={cfg.folder!r} is an image folder, for image models; a text model reads "
+                     "data.files, data.name or data.token_file.")
+  if kind in ("images", "image") and (cfg.files or cfg.token_file):
+    which = "data.files" if cfg.files else "data.token_file"
+    raise ValueError(f"{which} is a text source; an image model reads data.folder (one sub-folder per class) or "
+                     "data.name ('' for Fashion-MNIST, 'tfds:<name>').")
+  if kind == "text" and cfg.files and cfg.name:
+    raise ValueError(f"Both data.name={cfg.name!r} and data.files are set: give one text source (data.files for "
+                     "your own files, data.name for a named corpus).")
+  if kind == "text" and cfg.files and not cfg.token_file:
+    from multilevel.data.text import resolve_files
+    resolve_files(cfg.files)  # A glob that matches nothing, or a folder, is refused here.
 
 
 def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
@@ -52,6 +70,7 @@ def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,
     info: a DataInfo.
   """
   cfg = DataConfig.from_config(cfg)
+  check_sources(cfg, kind)
   index, count = common.process_info(process_index, process_count)
   if kind == "text":
     from multilevel.data import text

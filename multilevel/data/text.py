@@ -41,6 +41,9 @@ def resolve_files(files) -> list[str]:
   paths, missing = [], []
   for pattern in patterns:
     pattern = os.path.expanduser(str(pattern))
+    if os.path.isdir(pattern):
+      raise FileNotFoundError(f"{pattern} (cfg.files) is a folder: give the files in it, e.g. "
+                              f"'{os.path.join(pattern, '*.txt')}' (or '**/*.txt' for its sub-folders too).")
     found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     (paths.extend(found) if found else missing.append(pattern))
   if missing:

@@ -1,0 +1,24 @@
+"""One line for an expected error in the entry scripts: ``error: ...`` on stderr and exit status 1, with ``--debug``
+(where a script defines it) showing the Python traceback instead."""
+
+import sys
+from typing import Callable
+
+
+def fail(message: str) -> None:
+  """Prints ``error: message`` to stderr and exits with status 1."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def one_line(main: Callable, expected: tuple, debug: Callable[[], bool] = lambda: False) -> Callable:
+  """``main`` for ``absl.app.run`` with the ``expected`` exception types reported by ``fail`` (an absl
+  ``UsageError`` among them prints its message alone, not the script's usage text); ``debug()`` true re-raises."""
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except expected as e:
+      if debug():
+        raise
+      fail(e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e))
+  return wrapped

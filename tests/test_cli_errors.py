@@ -1,0 +1,74 @@
+"""What a user's mistake gets before anything trains: a data source the model cannot read, float16 on a CPU, too many
+levels for the model, and the helper commands' (plot, plan, export) bad arguments, each one clear line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from multilevel.cycles.driver import train_and_evaluate
+from multilevel.typed_config import ConfigError
+from tests.engine_util import ROOT, tiny_config
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  d = tmp_path / "corpus"
+  d.mkdir()
+  (d / "a.txt").write_text("Some text of the user's own. " * 50)
+  return d
+
+
+@pytest.mark.parametrize("family, overrides, error, match", [
+    ("gpt", lambda c: {"data.folder": str(c)}, ValueError, "data.folder=.* is an image folder, for image models"),
+    ("deit", lambda c: {"data.files": str(c / "a.txt")}, ValueError, "data.files is a text source; an image model"),
+    ("gpt", lambda c: {"data.name": "shakespeare", "data.files": str(c / "a.txt")}, ValueError,
+     "Both data.name='shakespeare' and data.files are set"),
+    ("gpt", lambda c: {"data.files": str(c)}, FileNotFoundError, r"is a folder: give the files in it, e.g. '.*\*\.txt'"),
+    ("gpt", lambda c: {"model.dtype": "float16"}, ConfigError, "XLA's CPU backend has no float16 matrix multiply"),
+    ("gpt", lambda c: {"cycle.levels": 3}, ConfigError,
+     r"cycle.levels=3: level 1 \(1 layers, 1 heads\) cannot be coalesced again .* Use fewer cycle.levels"),
+])
+def test_a_run_the_model_cannot_do_is_refused_before_its_workdir_is_made(tmp_path, corpus, family, overrides, error,
+                                                                         match):
+  work = tmp_path / "w"
+  with pytest.raises(error, match=match):
+    train_and_evaluate(tiny_config(family, **overrides(corpus)), str(work))
+  assert not work.exists()
+
+
+def _tool(module, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+  assert lines[-1].startswith("error: "), proc.stderr[-2000:]
+  return lines[-1]
+
+
+def test_plot_of_a_folder_that_is_no_run_is_one_line(tmp_path):
+  assert "No metrics.jsonl in" in _tool("experiments.plot", str(tmp_path / "nothing"))
+
+
+def test_export_refuses_a_missing_run_and_a_file_as_out_in_one_line(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  line = _tool("experiments.export", f"--workdir={tmp_path / 'none'}", f"--out={tmp_path / 'hf'}")
+  assert "No folder" in line and "pass the --workdir of a finished experiments.train run" in line
+  line = _tool("experiments.export", f"--workdir={tmp_path / 'none'}", f"--out={tmp_path / 'afile'}")
+  assert "is a file: pass a folder" in line
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--steps=0"], "--steps must be a positive number"),
+    (["--steps=4"], r"The target's pilots would run \[1\] steps: its frontier needs two budgets"),
+    (["--steps=40", "--set=train.stepz=3"], "^error: unknown key 'train.stepz'; valid keys of train: "),
+])
+def test_plan_refuses_bad_arguments_in_one_line_before_any_pilot(tmp_path, args, match):
+  import re
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  line = _tool("experiments.plan", f"--config={config}", f"--workdir={tmp_path / 'p'}", *args)
+  assert re.search(match, line), line
+  assert not (tmp_path / "p").exists()
