@@ -124,6 +124,12 @@ def main(argv):
     if _DEBUG.value:
       raise
     _fail(f"{e} (run with --debug for the traceback)" if isinstance(e, (TypeError, KeyError)) else str(e))
+  except KeyboardInterrupt:
+    if _DEBUG.value:
+      raise
+    print(f"interrupted: run the same command to resume {_WORKDIR.value} from its last complete checkpoint.",
+          file=sys.stderr, flush=True)
+    sys.exit(130)
   print(f"final eval loss {summary['final_eval_loss']:.4f} | {summary['total_flops']:.3g} FLOPs | "
         f"{summary['train_seconds']:.1f} s training | params sha256 {summary['params_sha256']} | "
         f"{os.path.join(_WORKDIR.value, 'summary.json')}")

@@ -162,6 +162,22 @@ def test_a_full_disk_ends_in_one_message_and_the_run_resumes_exactly(tmp_path):
     assert json.load(f)["params_sha256"] == ref["params_sha256"]
 
 
+def test_ctrl_c_ends_in_one_line_and_the_same_command_resumes_exactly(tmp_path):
+  over = {"checkpoint.every": 10}
+  ref = train_and_evaluate(tiny_config("gpt", levels=2, **over), str(tmp_path / "ref"))
+  flags = config_flags("gpt", 2, False, over)
+  work = str(tmp_path / "w")
+  proc = run_cli(work, flags, env={"MULTILEVEL_FAULT": "step:15:sigint"})
+  assert proc.returncode == 130, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
+  assert last == f"interrupted: run the same command to resume {work} from its last complete checkpoint."
+  assert not os.path.exists(os.path.join(work, "summary.json"))
+  assert run_cli(work, flags).returncode == 0
+  with open(os.path.join(work, "summary.json")) as f:
+    assert json.load(f)["params_sha256"] == ref["params_sha256"]
+
+
 def test_a_started_run_without_checkpoints_says_what_to_do(finished, tmp_path):
   work = tmp_path / "w"
   shutil.copytree(finished, work)

@@ -47,11 +47,16 @@ def _fault(point: str) -> None:
   """Test hook: ``MULTILEVEL_FAULT=<point>`` kills the process there (exit 137), as a crash or SIGKILL would.
 
   Points: ``step:N`` (after global step N is dispatched), ``transition:K`` (after the K-th level transition, before
-  it is saved), ``save:N`` (while save N is still being written in the background).
+  it is saved), ``save:N`` (while save N is still being written in the background). ``<point>:sigint`` sends the
+  process a SIGINT there instead, as Ctrl-C would.
   """
-  if os.environ.get("MULTILEVEL_FAULT") == point:
+  fault = os.environ.get("MULTILEVEL_FAULT")
+  if fault == point:
     logging.warning("MULTILEVEL_FAULT=%s: killing the process here.", point)
     os._exit(137)
+  if fault == f"{point}:sigint":
+    import signal
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def check_dtype(model) -> None:
