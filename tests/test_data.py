@@ -258,7 +258,7 @@ def test_empty_txt_files_and_folders(tmp_path):
   with pytest.raises(ValueError, match=r"2 local text file\(s\).*holds no text"):
     make_data(_cfg(tmp_path, files=str(tmp_path / "*.txt")), **kw)
   (tmp_path / "docs").mkdir()
-  with pytest.raises(FileNotFoundError, match="No file matches .*docs.*cfg.files"):
+  with pytest.raises(FileNotFoundError, match="No file matches .*docs.*data.files"):
     make_data(_cfg(tmp_path, files=str(tmp_path / "docs" / "*.txt")), **kw)
 
 

@@ -147,13 +147,13 @@ def test_data_config_refuses_unknown_keys_and_wrong_types():
   for key, value, expected in cases:
     with pytest.raises(TypeError) as e:
       DataConfig.from_config({key: value})
-    assert f"cfg.{key} = {value!r}" in str(e.value) and f"expected {expected}" in str(e.value), str(e.value)
+    assert f"data.{key} = {value!r}" in str(e.value) and f"expected {expected}" in str(e.value), str(e.value)
   with pytest.raises(TypeError, match="DataConfig, a ConfigDict or a dict"):
     DataConfig.from_config([("vocab_size", 512)])
 
 
 def test_data_config_refuses_meaningless_values():
-  with pytest.raises(ValueError, match="cfg.split is empty.*'train'"):
+  with pytest.raises(ValueError, match="data.split is empty.*'train'"):
     DataConfig(split="")
   with pytest.raises(ValueError, match="sample_by must be one of document, paragraph, line"):
     DataConfig(sample_by="sentence")

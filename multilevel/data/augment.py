@@ -25,7 +25,7 @@ def resolve_mode(augment, strong: bool = False) -> str:
     return "strong"
   if augment in (True, 1, "basic", "true", "True", "default"):
     return "strong" if strong else "basic"
-  raise ValueError(f"cfg.augment must be True/False, 'basic' or 'strong', got {augment!r}.")
+  raise ValueError(f"data.augment must be True/False, 'basic' or 'strong', got {augment!r}.")
 
 
 def augment_batch(images: np.ndarray, key: tuple, rows: slice, global_batch: int, *,

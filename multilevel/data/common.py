@@ -62,7 +62,7 @@ def check_hub_reachable(what: str, timeout: float = 3.0) -> None:
 
   No retry loop: offline flags raise immediately, otherwise one TCP connect with a short timeout decides.
   """
-  hint = ("Download it on a machine with network (or run once there to fill the cache), or point cfg.files at local "
+  hint = ("Download it on a machine with network (or run once there to fill the cache), or point data.files at local "
           ".txt/.json/.jsonl/.parquet files.")
   if hub_offline():
     raise ValueError(f"{what} needs the Hugging Face hub, but HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set. {hint}")
@@ -90,7 +90,7 @@ def process_info(process_index: int | None, process_count: int | None) -> tuple[
 def split_indices(n: int, val_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Seeded (train, validation) index arrays over n examples, each sorted."""
   if not 0 <= val_fraction < 1:
-    raise ValueError(f"cfg.val_fraction must be in [0, 1), got {val_fraction}.")
+    raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}.")
   n_val = min(n - 1, max(1, int(round(n * val_fraction)))) if val_fraction > 0 else 0
   perm = np.random.default_rng([int(split_seed), 0xDA7A]).permutation(n)
   return np.sort(perm[n_val:]), np.sort(perm[:n_val])

@@ -60,19 +60,19 @@ class DataConfig:
   max_eval_batches: int = 16  # Validation batches per evaluation (0 = no evaluation).
 
   def __post_init__(self):
-    check_fields(self, "cfg")
+    check_fields(self, "data")
     for name in _NOT_EMPTY:
       if not getattr(self, name):
-        raise ValueError(f"cfg.{name} is empty; leave it out for the default {_DEFAULTS[name]!r}, or name one.")
+        raise ValueError(f"data.{name} is empty; leave it out for the default {_DEFAULTS[name]!r}, or name one.")
     if self.sample_by not in SAMPLE_BY:
-      raise ValueError(f"cfg.sample_by must be one of {', '.join(SAMPLE_BY)}, got {self.sample_by!r}.")
+      raise ValueError(f"data.sample_by must be one of {', '.join(SAMPLE_BY)}, got {self.sample_by!r}.")
     if not 0 <= self.val_fraction < 1:
-      raise ValueError(f"cfg.val_fraction must be in [0, 1), got {self.val_fraction}.")
+      raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}.")
     if self.val_split not in VAL_SPLITS:
-      raise ValueError(f"cfg.val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}.")
+      raise ValueError(f"data.val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}.")
 
   @classmethod
-  def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any], section: str = "cfg"
+  def from_config(cls, c: DataConfig | ml_collections.ConfigDict | Mapping[str, Any], section: str = "data"
                   ) -> DataConfig:
     """A DataConfig from a DataConfig, a ConfigDict or a dict; missing keys take the defaults above, unknown keys
     and wrong types are refused naming ``section.key`` (the run config passes ``section="data"``)."""

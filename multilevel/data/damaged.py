@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-LEAVE_OUT = "or leave the file out of cfg.files"
+LEAVE_OUT = "or leave the file out of data.files"
 
 
 def why_unreadable(path: str, kind: str) -> tuple[str, str] | None:

@@ -55,8 +55,8 @@ def fit_image(img: np.ndarray, size: int, resize: bool, where: str = "image") ->
     top, left = (size - h) // 2, (size - w) // 2
     return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
   if not resize:
-    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}, and cfg.resize is False: raise image_size or "
-                     "set cfg.resize = True.")
+    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}, and data.resize is False: raise image_size or "
+                     "set data.resize = True.")
   try:
     from PIL import Image
   except ImportError:
@@ -162,7 +162,7 @@ def tfds_source(name: str, cfg: DataConfig, size: int | None, resize: bool) -> t
     raise FileNotFoundError(
         f"TFDS data set {name!r} is not prepared under {data_dir} (nothing is downloaded here). Prepare it where TFDS "
         f"can download, as array_record so that TensorFlow is not needed, e.g. tfds build {base} "
-        f"--file_format=array_record --data_dir {data_dir}; or set cfg.data_dir.")
+        f"--file_format=array_record --data_dir {data_dir}; or set data.data_dir.")
   import tensorflow_datasets as tfds
   split = cfg.split
 
@@ -223,14 +223,14 @@ def _class_files(root: str, classes: list[str] | None = None):
 
 def _bad_image(file: str, error: BaseException) -> ValueError:
   return ValueError(f"Image {file} cannot be decoded ({type(error).__name__}: {error}): it is damaged or truncated. "
-                    "Replace or delete it (cfg.folder reads every file with an image extension).")
+                    "Replace or delete it (data.folder reads every file with an image extension).")
 
 
 def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """A folder with one sub-folder per class, or with train/ and val|validation|test/ inside."""
   path = os.path.expanduser(path)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"Image folder {path!r} (cfg.folder) does not exist.")
+    raise FileNotFoundError(f"Image folder {path!r} (data.folder) does not exist.")
   try:
     from PIL import Image
   except ImportError:
@@ -307,7 +307,7 @@ def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, see
     size = size or 28
     data, native, channels = default_source(size, resize, val_fraction, split_seed), 28, 1
   else:
-    raise ValueError(f"Unknown image data cfg.name={name!r}: use '' (default), 'tfds:<name>' or cfg.folder.")
+    raise ValueError(f"Unknown image data data.name={name!r}: use '' (default), 'tfds:<name>' or data.folder.")
   size = size or native
   if data.eval is None:
     train_idx, val_idx = common.split_indices(data.train.size, val_fraction, split_seed)

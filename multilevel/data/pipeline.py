@@ -192,8 +192,8 @@ class EvalBatches:
     self.num_batches = min(int(num_examples) // self.global_batch, max(0, int(max_batches)))
     if self.num_batches == 0 and max_batches > 0:
       raise ValueError(f"The {name} validation split has {num_examples} examples, fewer than one global batch of "
-                       f"{global_batch}: raise cfg.val_fraction, use more data, or lower batch_size (or set "
-                       "cfg.max_eval_batches = 0 to skip evaluation).")
+                       f"{global_batch}: raise data.val_fraction, use more data, or lower batch_size (or set "
+                       "data.max_eval_batches = 0 to skip evaluation).")
     self._rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
     self._make_batch = make_batch
     self._batches = None

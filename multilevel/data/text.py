@@ -42,12 +42,12 @@ def resolve_files(files) -> list[str]:
   for pattern in patterns:
     pattern = os.path.expanduser(str(pattern))
     if os.path.isdir(pattern):
-      raise FileNotFoundError(f"{pattern} (cfg.files) is a folder: give the files in it, e.g. "
+      raise FileNotFoundError(f"{pattern} (data.files) is a folder: give the files in it, e.g. "
                               f"'{os.path.join(pattern, '*.txt')}' (or '**/*.txt' for its sub-folders too).")
     found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     (paths.extend(found) if found else missing.append(pattern))
   if missing:
-    raise FileNotFoundError(f"No file matches {', '.join(missing)} (cfg.files); check the path or glob (relative paths "
+    raise FileNotFoundError(f"No file matches {', '.join(missing)} (data.files); check the path or glob (relative paths "
                             "are from the current directory).")
   return sorted(set(paths))
 
@@ -56,7 +56,7 @@ def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> I
   count = 0
   for row in dataset:
     if text_field not in row:
-      raise ValueError(f"{what} has no field {text_field!r} (it has {sorted(row)}); set cfg.text_field to the column "
+      raise ValueError(f"{what} has no field {text_field!r} (it has {sorted(row)}); set data.text_field to the column "
                        "holding the text.")
     text = row[text_field]
     if not isinstance(text, str) or not text.strip():
@@ -71,7 +71,7 @@ def files_source(cfg: DataConfig) -> TextSource:
   paths = resolve_files(cfg.files)
   builders = {_EXTENSIONS.get(os.path.splitext(p)[1].lower()) for p in paths}
   if None in builders or len(builders) != 1:
-    raise ValueError(f"cfg.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...")
+    raise ValueError(f"data.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...")
   builder = builders.pop()
   sample_by, max_docs = cfg.sample_by, cfg.max_documents
   kwargs = {"sample_by": sample_by} if builder == "text" else {}
@@ -116,8 +116,8 @@ def text_source(cfg: DataConfig) -> TextSource:
   if source is not None:
     return source
   if cfg.name.startswith("tfds:"):
-    raise ValueError(f"cfg.name={cfg.name!r}: TFDS names are for images; for text give an HF name, one of the offline "
-                     f"corpora ({', '.join(corpora.CORPORA)}) or cfg.files.")
+    raise ValueError(f"data.name={cfg.name!r}: TFDS names are for images; for text give an HF name, one of the offline "
+                     f"corpora ({', '.join(corpora.CORPORA)}) or data.files.")
   return hub_source(cfg)
 
 
@@ -150,7 +150,7 @@ def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir
       on_build=lambda folder: logging.info("Tokenizing %s into %s", source.description, folder))
   if tf.num_tokens == tf.num_documents:
     raise ValueError(f"{source.description} holds no text (0 tokens after tokenizing): check the files or "
-                     "cfg.text_field.")
+                     "data.text_field.")
   return tf
 
 
@@ -174,7 +174,7 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
     tf = tokenfile.open_token_file(cfg.token_file)
     tok_spec = cfg.tokenizer or tf.tokenizer_path
     if not tok_spec:
-      raise ValueError(f"The token file {tf.path} holds no tokenizer.json; name its tokenizer with cfg.tokenizer.")
+      raise ValueError(f"The token file {tf.path} holds no tokenizer.json; name its tokenizer with data.tokenizer.")
     tok = tokenizer_lib.load(tok_spec, model_family=model_family)
     if tok.vocab_size != tf.vocab_size or tok.eos_id != tf.eos_id:
       raise ValueError(f"The tokenizer {tok.path} (vocab {tok.vocab_size}, eos {tok.eos_id}) did not make the token "

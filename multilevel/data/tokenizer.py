@@ -44,14 +44,14 @@ def resolve_type(tokenizer_type: str, model_family: str) -> str:
   if t == "auto":
     return "wordpiece" if model_family.lower().startswith("bert") else "bpe"
   if t not in ("bpe", "wordpiece"):
-    raise ValueError(f"cfg.tokenizer_type must be 'bpe', 'wordpiece' or 'auto', got {tokenizer_type!r}.")
+    raise ValueError(f"data.tokenizer_type must be 'bpe', 'wordpiece' or 'auto', got {tokenizer_type!r}.")
   return t
 
 
 def new_tokenizer(kind: str, vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
   """An untrained tokenizer of ``kind`` and its trainer."""
   if vocab_size < len(SPECIAL_TOKENS) + 1:
-    raise ValueError(f"cfg.vocab_size={vocab_size} is too small to train a tokenizer.")
+    raise ValueError(f"data.vocab_size={vocab_size} is too small to train a tokenizer.")
   if kind == "bpe":
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -151,9 +151,9 @@ def load(spec: str, *, model_family: str = "gpt") -> LoadedTokenizer:
       tok = Tokenizer.from_file(path)
     except Exception as e:  # the Rust side raises a bare Exception
       raise ValueError(f"{path} is not a tokenizers JSON file ({e}); give a tokenizer.json saved by the tokenizers "
-                       "library, or cfg.tokenizer = '' to train one.") from None
+                       "library, or data.tokenizer = '' to train one.") from None
   elif path.endswith(".json") or spec.startswith((".", "/", "~")) or os.path.isabs(spec):
-    raise FileNotFoundError(f"Tokenizer file {spec!r} does not exist; fix cfg.tokenizer, or set it to '' to train a "
+    raise FileNotFoundError(f"Tokenizer file {spec!r} does not exist; fix data.tokenizer, or set it to '' to train a "
                             "tokenizer on the corpus.")
   else:
     common.check_hub_reachable(f"Tokenizer {spec!r} (not a local file)")
@@ -173,7 +173,7 @@ def describe(tok: Tokenizer, path: str, *, model_family: str = "gpt") -> LoadedT
   if mask is None and model_family.lower().startswith("bert"):
     raise ValueError(f"Tokenizer {path} has no mask token (looked for {', '.join(_ALIASES['mask'])}) but "
                      f"model_family={model_family!r} needs one for masked-language modelling. Add it, or train one "
-                     "with cfg.tokenizer = ''.")
+                     "with data.tokenizer = ''.")
   if pad is None:
     logging.warning("Tokenizer %s has no pad token; using the eos id %d as pad_id.", path, eos)
     pad = eos
