@@ -91,12 +91,32 @@ def check_overrides(argv) -> None:
       node = node[part]
 
 
+_TYPE_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string", tuple: "a tuple, e.g. '(1,2)'"}
+
+
+def _override_type_error(argv, error: str) -> str | None:
+  """For a ``--config.a.b=v`` whose value does not parse: which type the key takes and its default."""
+  import re
+  m = re.match(r"flag --config\.([\w.]+)=(.*?): ", error)
+  spec = _flag_value(argv[1:], "config")
+  if not m or spec is None:
+    return None
+  try:
+    node = _load_config(spec)
+    for part in m.group(1).split("."):
+      node = node[part]
+  except (KeyError, ValueError, AttributeError, TypeError):
+    return None
+  kind = next((name for t, name in _TYPE_NAMES.items() if isinstance(node, t)), type(node).__name__)
+  return f"--config.{m.group(1)}={m.group(2)}: {m.group(1)} takes {kind} (its default here is {node!r})."
+
+
 def _parse_flags(argv):
   check_overrides(argv)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    _fail(f"{e}. Pass --helpfull to see the flags.")
+    _fail(_override_type_error(argv, str(e)) or f"{e}. Pass --helpfull to see the flags.")
   except (ValueError, KeyError, AttributeError) as e:  # Raised by a config file while it loads.
     _fail(f"--config: {e}")
 

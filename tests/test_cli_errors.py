@@ -72,3 +72,14 @@ def test_plan_refuses_bad_arguments_in_one_line_before_any_pilot(tmp_path, args,
   line = _tool("experiments.plan", f"--config={config}", f"--workdir={tmp_path / 'p'}", *args)
   assert re.search(match, line), line
   assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("--config.train.steps=abc", "error: --config.train.steps=abc: train.steps takes an integer (its default here is"),
+    ("--config.tensorboard=maybe", "error: --config.tensorboard=maybe: tensorboard takes True or False"),
+])
+def test_an_override_of_the_wrong_type_says_what_the_key_takes(tmp_path, override, expected):
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  line = _tool("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'w'}", override)
+  assert line.startswith(expected), line
+  assert not (tmp_path / "w").exists()
