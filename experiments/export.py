@@ -22,7 +22,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from multilevel import interop
-  from multilevel.checkpoint import CheckpointError, load_run
+  from multilevel.checkpoint import CheckpointError, load_run, quiet_orbax_logs
+  quiet_orbax_logs()
   out = _OUT.value
   if os.path.exists(out) and not os.path.isdir(out):
     fail(f"--out={out} is a file: pass a folder (it is created if missing) for config.json and model.safetensors.")
