@@ -81,3 +81,11 @@ def test_a_checkpoint_saved_without_checksums_still_reads(tmp_path):
   out = ckpt.restore_state(0, _state())
   ckpt.close()
   np.testing.assert_array_equal(out["params"]["dense"]["kernel"], _state()["params"]["dense"]["kernel"])
+
+
+def test_the_cost_benchmark_times_both_settings_on_a_tiny_preset():
+  from benchmarks import checkpoint_cost
+  out = checkpoint_cost.measure("gpt-tiny", checkpoint_cost.parse_args(["--rounds=2", "--out="]))
+  assert len(out["rounds"]) == 2 and out["state_gib"] > 0 and out["checksums_s"] > 0
+  for key in ("save_s_plain", "save_s_verified", "restore_s_plain", "restore_s_verified", "save_ratio"):
+    assert out[key] > 0
