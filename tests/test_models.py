@@ -309,3 +309,34 @@ def test_the_layer_loop_unrolled_or_not_is_the_same_model():
   np.testing.assert_allclose(apply_jit(unrolled, p, x), apply_jit(looped, p, x), rtol=0, atol=1e-5)
   with pytest.raises(ValueError, match="scan_unroll must be >= 0"):
     cfg.replace(scan_unroll=-1)
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_a_negative_token_id_reads_nan_under_jit_instead_of_wrapping_to_the_last_row(family):
+  kw = dict(num_kv_heads=1) if family == "llama" else {}
+  cfg = M.ModelConfig(family, 1, 2, 8, vocab_size=16, max_len=8, **kw)
+  params = M.init_params(cfg, 0)
+  f = jax.jit(functools.partial(M.apply, cfg))
+  ok = jnp.array([[1, 2, 3, 15]])
+  assert np.isfinite(np.asarray(f(params, ok))).all()
+  bad = np.asarray(f(params, ok.at[0, 1].set(-1)))
+  assert np.isnan(bad[0, 1:]).all()  # Position 1 and every later one attending to it (a masked NaN value is NaN too).
+  wrapped = np.asarray(f(params, ok.at[0, 1].set(15)))  # What the lookup used to return for -1: the last row.
+  assert np.isfinite(wrapped).all()
+  with pytest.raises(ValueError, match=r"these range over \[-1, 15\]"):
+    M.apply(cfg, params, ok.at[0, 1].set(-1))  # Outside jit: refused.
+
+
+def test_bert_token_types_are_checked_like_tokens():
+  cfg = M.ModelConfig("bert", 1, 2, 8, vocab_size=16, max_len=8, type_vocab_size=2)
+  params = M.init_params(cfg, 0)
+  toks = jnp.array([[1, 2, 3, 4]])
+  with pytest.raises(ValueError, match=r"Token type ids must lie in \[0, type_vocab_size=2\); these range over \[0, 5\]"):
+    M.apply(cfg, params, toks, jnp.array([[0, 1, 5, 0]]))
+  with pytest.raises(ValueError, match=r"integers of the tokens' shape \(1, 4\)"):
+    M.apply(cfg, params, toks, jnp.array([[0, 1]]))
+  f = jax.jit(functools.partial(M.apply, cfg))
+  good = np.asarray(f(params, toks, jnp.array([[0, 1, 1, 0]])))
+  assert np.isfinite(good).all()
+  bad = np.asarray(f(params, toks, jnp.array([[0, -1, 1, 0]])))
+  assert np.isnan(bad).all()  # BERT attends both ways: every position sees the NaN.

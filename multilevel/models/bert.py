@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import Family, register
-from multilevel.models.transformer import (check_tokens, compute_dtype, dense_init, layer_norm_axes, over_rows, stack,
-                                           vocab_logits)
+from multilevel.models.transformer import (check_token_types, check_tokens, compute_dtype, dense_init, layer_norm_axes,
+                                           over_rows, stack, vocab_logits)
 
 
 class Bert(nn.Module):
@@ -31,13 +31,14 @@ class Bert(nn.Module):
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
     if self.part != "head":
       tokens_BxT = x
-      check_tokens(cfg, tokens_BxT)
+      ids_BxT = check_tokens(cfg, tokens_BxT)
       t = tokens_BxT.shape[1]
       pos = self.param("position", dense_init(), (cfg.max_len, cfg.width))
       types = self.param("token_type", dense_init(), (cfg.type_vocab_size, cfg.width))
       if token_types_BxT is None:
         token_types_BxT = jnp.zeros_like(tokens_BxT)
-      x_BxTxD = word(tokens_BxT) + pos[None, :t] + jnp.take(types, token_types_BxT, axis=0)
+      type_ids_BxT = check_token_types(cfg, token_types_BxT, tokens_BxT)
+      x_BxTxD = word(ids_BxT) + pos[None, :t] + jnp.take(types, type_ids_BxT, axis=0)
       x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_embed")(x_BxTxD)
       x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
       if self.part == "embed":

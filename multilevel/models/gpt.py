@@ -27,11 +27,10 @@ class Gpt(nn.Module):
     cfg = self.cfg
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
     if self.part != "head":
-      tokens_BxT = x
-      check_tokens(cfg, tokens_BxT)
-      t = tokens_BxT.shape[1]
+      ids_BxT = check_tokens(cfg, x)
+      t = ids_BxT.shape[1]
       pos = self.param("position", nn.initializers.normal(0.01), (cfg.max_len, cfg.width))
-      x_BxTxD = word(tokens_BxT) + pos[None, :t]
+      x_BxTxD = word(ids_BxT) + pos[None, :t]
       x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)
       if self.part == "embed":
         return x_BxTxD

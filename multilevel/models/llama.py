@@ -161,9 +161,7 @@ class Llama(nn.Module):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="embed")
     if self.part != "head":
-      tokens_BxT = x
-      check_tokens(cfg, tokens_BxT)
-      x_BxTxD = nn.Dropout(cfg.dropout)(embed(tokens_BxT), deterministic=not train)
+      x_BxTxD = nn.Dropout(cfg.dropout)(embed(check_tokens(cfg, x)), deterministic=not train)
       if self.part == "embed":
         return x_BxTxD
       x = llama_stack(cfg, not train)(x_BxTxD)

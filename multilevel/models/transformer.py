@@ -29,10 +29,11 @@ def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
 
 
-def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
-  """Refuses token inputs the model cannot embed: wrong rank or dtype, longer than ``max_len``, ids outside the
-  vocabulary. Shapes are checked at trace time; the id range only on concrete arrays (under ``jit`` an id out of
-  range reads NaN from the embedding, which the training loop reports as a NaN loss)."""
+def check_tokens(cfg: ModelConfig, tokens_BxT):
+  """The ids to embed: refuses token inputs the model cannot embed (wrong rank or dtype, longer than ``max_len``, ids
+  outside the vocabulary). Shapes are checked at trace time; the id range only on concrete arrays. Under ``jit`` an
+  id out of range reads NaN from the embedding, which the training loop reports as a NaN loss: the returned ids have
+  every negative id moved past the vocabulary too (an embedding lookup would otherwise wrap -1 to the last row)."""
   if tokens_BxT.ndim != 2 or not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
     raise ValueError(f"Token inputs must be integer ids of shape (batch, length), got {tokens_BxT.dtype} "
                      f"{tuple(tokens_BxT.shape)}.")
@@ -46,6 +47,26 @@ def check_tokens(cfg: ModelConfig, tokens_BxT) -> None:
     if lo < 0 or hi >= cfg.vocab_size:
       raise ValueError(f"Token ids must lie in [0, vocab_size={cfg.vocab_size}); these range over [{lo}, {hi}]. "
                        f"The tokenizer and the model disagree: set model.vocab_size to the tokenizer's size.")
+  return outside_negative(tokens_BxT, cfg.vocab_size)
+
+
+def outside_negative(ids, size: int):
+  """``ids`` with each negative id replaced by ``size`` (out of range, so a lookup reads NaN instead of wrapping)."""
+  return jnp.where(ids < 0, size, ids)
+
+
+def check_token_types(cfg: ModelConfig, types_BxT, tokens_BxT):
+  """BERT's segment ids to look up: the tokens' shape, and (on concrete arrays) each in [0, type_vocab_size)."""
+  if tuple(types_BxT.shape) != tuple(tokens_BxT.shape) or not jnp.issubdtype(types_BxT.dtype, jnp.integer):
+    raise ValueError(f"Token type ids must be integers of the tokens' shape {tuple(tokens_BxT.shape)}, got "
+                     f"{types_BxT.dtype} {tuple(types_BxT.shape)}.")
+  if not isinstance(types_BxT, jax.core.Tracer) and types_BxT.size:
+    ids = np.asarray(types_BxT)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= cfg.type_vocab_size:
+      raise ValueError(f"Token type ids must lie in [0, type_vocab_size={cfg.type_vocab_size}); these range over "
+                       f"[{lo}, {hi}].")
+  return outside_negative(types_BxT, cfg.type_vocab_size)
 
 
 def check_images(cfg: ModelConfig, images_BxHxWxC, model: str = "The model") -> None:
