@@ -120,3 +120,30 @@ def test_damaged_config_json(export, how):
   raises_clear(out / "config.json", out / "model.safetensors")
   with pytest.raises(I.CheckpointFileError, match="config.json"):
     I.config_from_hf(out)
+
+
+def test_a_checkpoint_with_nan_or_inf_is_refused_naming_the_tensors(export, tmp_path):
+  out, cfg, params = export
+  sd = load_file(str(out / "model.safetensors"))
+  name = next(k for k in sorted(sd) if k.endswith("c_fc.weight"))
+  sd[name][0, 0] = np.inf
+  sd["transformer.wte.weight"][1, 1] = np.nan  # Tied to the head: once reported as an "untied copy".
+  save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(I.HFInteropError, match=r"NaN or infinity in .*c_fc.weight.*transformer.wte.weight.*Nothing "
+                     "was imported"):
+    I.load_hf(out)
+
+
+def test_export_refuses_nonfinite_parameters_a_file_as_folder_and_a_bad_source(tiny_gpt, tmp_path):
+  cfg, params = tiny_gpt
+  bad = jax.tree_util.tree_map(np.array, params)
+  bad["word"]["embedding"][0, 0] = np.nan
+  with pytest.raises(I.HFInteropError, match="NaN or infinity in word/embedding.*nothing was exported"):
+    I.save_hf(cfg, bad, tmp_path / "nan")
+  assert not (tmp_path / "nan" / "model.safetensors").exists()
+  (tmp_path / "afile").write_text("x")
+  with pytest.raises(I.HFInteropError, match="is a file: save_hf writes config.json and model.safetensors into a "
+                     "folder"):
+    I.save_hf(cfg, params, tmp_path / "afile")
+  with pytest.raises(I.HFInteropError, match="load_hf takes a save_pretrained folder.*got NoneType"):
+    I.load_hf(None)

@@ -46,6 +46,7 @@ from multilevel.interop.hf_common import (  # The error classes are part of this
     UnsupportedArchitectureError, UnsupportedConfigError, check_tensors, check_tree, config_dict, name_list,
     normalise, read_json, to_numpy, unreadable)
 from multilevel.models.config import ModelConfig
+from multilevel.tree import flatten
 
 PathLike = str | os.PathLike
 
@@ -80,6 +81,11 @@ def from_hf_state_dict(state_dict: Mapping[str, Any], config, architecture: str 
   """
   d = config_dict(config)
   sd = {k: to_numpy(v) for k, v in state_dict.items()}
+  bad = sorted(k for k, v in sd.items() if np.issubdtype(np.asarray(v).dtype, np.floating)
+               and not np.isfinite(np.asarray(v, np.float32)).all())
+  if bad:
+    raise HFInteropError(f"The checkpoint holds NaN or infinity in {name_list(bad)}: it is damaged or its training "
+                         f"diverged. Nothing was imported.")
   a = REGISTRY.resolve(d, sd.keys(), architecture)
   cfg = a.config_from_hf(d)
   bad = sorted(set(overrides) - {"dtype", "remat", "dropout", "attention", "scan_unroll"})
@@ -99,6 +105,10 @@ def to_hf_state_dict(cfg: ModelConfig, params) -> dict[str, np.ndarray]:
   ``save_pretrained`` writes (tied copies left out, as it does)."""
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)  # What we write: exact for bf16.
   check_tree(cfg, params, "to_hf_state_dict")
+  bad = [n for n, x in sorted(flatten(params).items()) if not np.isfinite(np.asarray(x)).all()]
+  if bad:
+    raise HFInteropError(f"The parameters hold NaN or infinity in {name_list(bad)} (from a run that diverged?); "
+                         f"nothing was exported. Export the parameters of an earlier checkpoint.")
   sd = REGISTRY.for_export(cfg).to_hf(cfg, params)
   return {k: np.array(v, dtype=np.float32, order="C") for k, v in sd.items()}  # Writable copies.
 
@@ -121,6 +131,9 @@ def load_hf(source, *, config=None, architecture: str | None = None, **overrides
                               **overrides)
   if isinstance(source, Mapping):
     return from_hf_state_dict(source, config, architecture, **overrides)
+  if not isinstance(source, (str, os.PathLike)):
+    raise HFInteropError(f"load_hf takes a save_pretrained folder, a weights file, a state dict (with config=) or a "
+                         f"transformers model, got {type(source).__name__}.")
   path = Path(source)
   if path.is_dir():
     files = [path / f for f in _WEIGHT_FILES if (path / f).is_file()]
@@ -139,6 +152,8 @@ def save_hf(cfg: ModelConfig, params, out_dir: PathLike) -> Path:
   ``transformers.AutoModelFor...from_pretrained(out_dir)`` (or the class in ``config.architectures``) loads it."""
   from safetensors.numpy import save_file
   out = Path(out_dir)
+  if out.exists() and not out.is_dir():
+    raise HFInteropError(f"{out} is a file: save_hf writes config.json and model.safetensors into a folder.")
   out.mkdir(parents=True, exist_ok=True)
   save_file(to_hf_state_dict(cfg, params), str(out / "model.safetensors"), metadata={"format": "pt"})
   (out / "config.json").write_text(json.dumps(to_hf_config(cfg), indent=2, sort_keys=True) + "\n")
