@@ -340,3 +340,18 @@ def test_bert_token_types_are_checked_like_tokens():
   assert np.isfinite(good).all()
   bad = np.asarray(f(params, toks, jnp.array([[0, -1, 1, 0]])))
   assert np.isnan(bad).all()  # BERT attends both ways: every position sees the NaN.
+
+
+@pytest.mark.parametrize("family, kw, match", [
+    ("gpt", dict(num_heads="2"), r"num_heads must be an integer, got '2' \(str\)"),
+    ("gpt", dict(num_layers=2.5), r"num_layers must be an integer, got 2.5"),
+    ("gpt", dict(vocab_size=True), "vocab_size must be an integer, got True"),
+    ("gpt", dict(ln_eps=-0.5), "ln_eps must be >= 0, or -1 for the family's default"),
+    ("gpt", dict(ln_eps=float("nan")), "ln_eps must be a finite number"),
+    ("bert", dict(type_vocab_size=0), "type_vocab_size must be a positive integer"),
+    ("deit", dict(patch_size=0), "patch_size must be a positive integer"),
+    ("deit", dict(num_classes=0), "num_classes must be a positive integer"),
+])
+def test_model_config_refuses_values_that_would_fail_deep_inside_the_model(family, kw, match):
+  with pytest.raises(ValueError, match=match):
+    M.ModelConfig(family, **kw)

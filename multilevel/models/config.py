@@ -9,7 +9,10 @@ a cache key.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
+
+import numpy as np
 
 from multilevel.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
@@ -68,9 +71,18 @@ class ModelConfig:
     from multilevel.models.family import REGISTRY
     if self.family not in REGISTRY:
       raise ValueError(f"ModelConfig.family must be one of {list(REGISTRY)}, got {self.family!r}.")
+    for f in dataclasses.fields(self):  # A size given as "2" or 2.5 would fail deep inside the model's init.
+      v = getattr(self, f.name)
+      if f.type in ("int", int) and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+        raise ValueError(f"ModelConfig.{f.name} must be an integer, got {v!r} ({type(v).__name__}).")
+      if f.type in ("float", float) and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
+                                         or not math.isfinite(float(v))):
+        raise ValueError(f"ModelConfig.{f.name} must be a finite number, got {v!r}.")
     for name in ("num_layers", "num_heads", "head_dim", "ffn_ratio"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)!r}.")
+    if self.ln_eps < 0 and self.ln_eps != -1:
+      raise ValueError(f"ModelConfig.ln_eps must be >= 0, or -1 for the family's default, got {self.ln_eps}.")
     if self.ffn_size < 0:
       raise ValueError(f"ModelConfig.ffn_size must be >= 0 (0 = ffn_ratio * width), got {self.ffn_size}.")
     family = _family(self.family)
@@ -85,11 +97,17 @@ class ModelConfig:
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"ModelConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}.")
     if not family.is_text:
+      for name in ("image_size", "patch_size", "num_channels", "num_classes"):
+        if getattr(self, name) < 1:
+          raise ValueError(f"ModelConfig.{name} must be a positive integer, got {getattr(self, name)}.")
       if self.image_size % self.patch_size:
         raise ValueError(
             f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}; pick sizes that divide.")
-    elif self.vocab_size < 1 or self.max_len < 1:
-      raise ValueError("Text models need vocab_size >= 1 and max_len >= 1.")
+    else:
+      for name in ("vocab_size", "max_len") + (("type_vocab_size",) if self.family == "bert" else ()):
+        if getattr(self, name) < 1:
+          raise ValueError(f"ModelConfig.{name} must be a positive integer for a text model, got "
+                           f"{getattr(self, name)}.")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"ModelConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}.")
     if self.scan_unroll < 0:
