@@ -204,3 +204,37 @@ def test_the_finite_check_is_skipped_under_jit():
   assert np.isnan(np.asarray(out["position"])).sum() == 1
   out = jax.jit(lambda w: O.interpolate(grown, pre, w_pre=w))(0.5)  # Concrete trees closed over by a trace.
   assert np.isnan(np.asarray(out["position"])).sum() == 1
+
+
+def test_interpolate_takes_a_real_scalar_weight_and_mixed_container_types():
+  from flax.core import freeze
+  cfg = BASE["gpt"]
+  grown, pre = random_params(cfg, seed=3), random_params(cfg, seed=4)
+  for w in ("0.5", None, True, jnp.array([0.5, 0.5]), np.array(1.5)):
+    with pytest.raises(ValueError, match="w_pre"):
+      O.interpolate(grown, pre, w_pre=w)
+  mixed = O.interpolate(freeze(grown), pre, w_pre=0.25)  # A FrozenDict beside a dict: the same blend.
+  assert_tree_equal(mixed, O.interpolate(grown, pre, w_pre=0.25))
+  traced = jax.jit(lambda w: O.interpolate(grown, pre, w_pre=w, check_finite=False))(jnp.float32(0.25))
+  assert_tree_equal(traced, O.interpolate(grown, pre, w_pre=0.25))
+
+
+def test_operators_name_a_wrong_mapping_a_wrapped_tree_and_bad_factors_or_levels():
+  cfg = BASE["gpt"]
+  params = random_params(cfg, seed=5)
+  m = O.make_mapping(cfg)
+  for bad in (None, cfg, params):
+    with pytest.raises(TypeError, match=r"mapping must be a LevelMap from operators.make_mapping"):
+      O.coalesce(params, bad)
+  with pytest.raises(TypeError, match="decoalesce.*mapping must be a LevelMap"):
+    O.decoalesce(params, None)
+  with pytest.raises(ValueError, match=r"wrapped as \{'params': \.\.\.\}.*pass tree\['params'\]"):
+    O.coalesce({"params": params}, m)
+  with pytest.raises(TypeError, match="width_factor must be an integer"):
+    O.make_mapping(cfg, width_factor=2.0)
+  with pytest.raises(ValueError, match="both an explicit width scheme and width_factor=4"):
+    O.make_mapping(cfg, width=[list(g) for g in m.heads], width_factor=4)
+  with pytest.raises(ValueError, match="levels >= 1"):
+    O.make_chain(cfg, 0)
+  with pytest.raises(ValueError, match=r"make_chain: transition \d+ .* Use fewer levels or a larger model"):
+    O.make_chain(cfg, 12)

@@ -36,8 +36,8 @@ def dummy_inputs(cfg: ModelConfig, batch: int = 1):
 
 def init_params(cfg: ModelConfig, rng) -> dict:
   """Freshly initialised parameters (a plain nested dict) for ``cfg``."""
-  if isinstance(rng, int):
-    rng = jax.random.key(rng)
+  if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+    rng = jax.random.key(int(rng))
   return build(cfg).init({"params": rng}, *dummy_inputs(cfg))["params"]
 
 
@@ -65,6 +65,9 @@ def num_params(params, exclude_embeddings: bool = False) -> int:
 
 def check_params(params, cfg: ModelConfig, what: str = "params") -> None:
   """Raises ValueError unless ``params`` has exactly the structure, shapes and dtypes of a fresh model of ``cfg``."""
+  if hasattr(params, "keys") and set(params.keys()) == {"params"}:
+    raise ValueError(f"{what} is wrapped as {{'params': ...}} (Flax's variables): pass tree['params'], the "
+                     f"parameters themselves.")
   check_same_structure(params, abstract_params(cfg), what,
                        f"a {cfg.family} model with L={cfg.num_layers}, heads={cfg.num_heads}, width={cfg.width}")
 

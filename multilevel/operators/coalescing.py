@@ -82,6 +82,12 @@ def _transform(params: Mapping, m: LevelMap, axis_fn, order, depth_residual_fn):
   return unflatten(out)
 
 
+def _check_mapping(mapping, op: str) -> None:
+  if not isinstance(mapping, LevelMap):
+    raise TypeError(f"{op}(params, mapping): mapping must be a LevelMap from operators.make_mapping(config), got "
+                    f"{type(mapping).__name__}.")
+
+
 def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_finite: bool = True) -> dict:
   """Merges heads, hidden and FFN units, then layers: the parameters of ``mapping.small``.
 
@@ -90,6 +96,7 @@ def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_fi
   naming the parameter. With ``check_finite`` a NaN or an infinity raises ValueError naming the parameter; the check
   reads concrete arrays only, so it is skipped under jit.
   """
+  _check_mapping(mapping, "coalesce")
   if check:
     check_params(params, mapping.large, "the tree to coalesce")
   if check_finite:
@@ -106,6 +113,7 @@ def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_
   the pre-LN families' (GPT, DeiT) with ``depth_growth='zero'``, whose extra layers start as identities, and not
   with 'copy' (the default) or 'scaled'. ``check`` and ``check_finite`` as for ``coalesce``.
   """
+  _check_mapping(mapping, "decoalesce")
   if check:
     check_params(params, mapping.small, "the tree to de-coalesce")
   if check_finite:

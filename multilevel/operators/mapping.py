@@ -149,6 +149,12 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
   """
   if not isinstance(large, ModelConfig):
     raise TypeError(f"make_mapping needs a ModelConfig for the large model, got {type(large).__name__}.")
+  for name, factor, scheme in (("width_factor", width_factor, width), ("depth_factor", depth_factor, depth)):
+    if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)):
+      raise TypeError(f"make_mapping: {name} must be an integer (2 halves, 1 keeps), got {factor!r}.")
+    if scheme is not None and factor not in (2, 1):  # 2 is the default; 1 would say "keep" beside a scheme.
+      raise ValueError(f"make_mapping got both an explicit {name.split('_')[0]} scheme and {name}={factor}: the "
+                       f"scheme decides the grouping, so leave {name} at its default.")
   heads = default_width_groups(large.num_heads, width_factor) if width is None else width
   heads = check_groups(heads, large.num_heads, "heads")
   layers = default_depth_groups(large.num_layers, depth_factor, depth_mode) if depth is None else depth
@@ -197,6 +203,8 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
     if kw.get(one) is not None and levels > 2:
       raise ValueError(f"make_chain got one explicit {one} scheme for {levels - 1} transitions; a scheme indexes one "
                        f"level's model only. Pass {many}=[scheme per transition] (None for the default).")
+  if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
+    raise ValueError(f"make_chain needs levels >= 1 (1 = the large model alone), got {levels!r}.")
   n = levels - 1
   for name, seq in (("widths", widths), ("depths", depths)):
     if seq is not None and len(seq) != n:
@@ -209,6 +217,12 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
       extra["width"] = widths[i]
     if depths is not None:
       extra["depth"] = depths[i]
-    maps.append(make_mapping(cfg, **extra))
+    try:
+      maps.append(make_mapping(cfg, **extra))
+    except ValueError as e:
+      if i == 0:
+        raise
+      raise ValueError(f"make_chain: transition {i} (level {i}, {cfg.num_layers} layers and {cfg.num_heads} heads, to "
+                       f"level {i + 1}) fails: {e} Use fewer levels or a larger model.") from None
     cfg = maps[-1].small
   return maps
