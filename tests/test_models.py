@@ -355,3 +355,13 @@ def test_bert_token_types_are_checked_like_tokens():
 def test_model_config_refuses_values_that_would_fail_deep_inside_the_model(family, kw, match):
   with pytest.raises(ValueError, match=match):
     M.ModelConfig(family, **kw)
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_nested_lists_of_ids_are_taken_as_arrays(family):
+  cfg = M.ModelConfig(family, 1, 2, 8, vocab_size=16, max_len=8)
+  params = M.init_params(cfg, np.int64(0))
+  extra = ([[0, 1, 0]],) if family == "bert" else ()
+  got = M.apply(cfg, params, [[1, 2, 3]], *extra)
+  want = M.apply(cfg, params, jnp.array([[1, 2, 3]]), *(jnp.array(e) for e in extra))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -30,14 +30,13 @@ class Bert(nn.Module):
     cfg = self.cfg
     word = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=dense_init(), name="word")
     if self.part != "head":
-      tokens_BxT = x
-      ids_BxT = check_tokens(cfg, tokens_BxT)
-      t = tokens_BxT.shape[1]
+      ids_BxT = check_tokens(cfg, x)
+      t = ids_BxT.shape[1]
       pos = self.param("position", dense_init(), (cfg.max_len, cfg.width))
       types = self.param("token_type", dense_init(), (cfg.type_vocab_size, cfg.width))
       if token_types_BxT is None:
-        token_types_BxT = jnp.zeros_like(tokens_BxT)
-      type_ids_BxT = check_token_types(cfg, token_types_BxT, tokens_BxT)
+        token_types_BxT = jnp.zeros_like(ids_BxT)
+      type_ids_BxT = check_token_types(cfg, token_types_BxT, ids_BxT)
       x_BxTxD = word(ids_BxT) + pos[None, :t] + jnp.take(types, type_ids_BxT, axis=0)
       x_BxTxD = nn.LayerNorm(epsilon=cfg.eps, name="ln_embed")(x_BxTxD)
       x_BxTxD = nn.Dropout(cfg.dropout)(x_BxTxD, deterministic=not train)

@@ -33,7 +33,10 @@ def check_tokens(cfg: ModelConfig, tokens_BxT):
   """The ids to embed: refuses token inputs the model cannot embed (wrong rank or dtype, longer than ``max_len``, ids
   outside the vocabulary). Shapes are checked at trace time; the id range only on concrete arrays. Under ``jit`` an
   id out of range reads NaN from the embedding, which the training loop reports as a NaN loss: the returned ids have
-  every negative id moved past the vocabulary too (an embedding lookup would otherwise wrap -1 to the last row)."""
+  every negative id moved past the vocabulary too (an embedding lookup would otherwise wrap -1 to the last row).
+  Nested lists of ids are taken as an array."""
+  if not hasattr(tokens_BxT, "ndim"):
+    tokens_BxT = jnp.asarray(tokens_BxT)
   if tokens_BxT.ndim != 2 or not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
     raise ValueError(f"Token inputs must be integer ids of shape (batch, length), got {tokens_BxT.dtype} "
                      f"{tuple(tokens_BxT.shape)}.")
@@ -57,6 +60,8 @@ def outside_negative(ids, size: int):
 
 def check_token_types(cfg: ModelConfig, types_BxT, tokens_BxT):
   """BERT's segment ids to look up: the tokens' shape, and (on concrete arrays) each in [0, type_vocab_size)."""
+  if not hasattr(types_BxT, "ndim"):
+    types_BxT = jnp.asarray(types_BxT)
   if tuple(types_BxT.shape) != tuple(tokens_BxT.shape) or not jnp.issubdtype(types_BxT.dtype, jnp.integer):
     raise ValueError(f"Token type ids must be integers of the tokens' shape {tuple(tokens_BxT.shape)}, got "
                      f"{types_BxT.dtype} {tuple(types_BxT.shape)}.")
