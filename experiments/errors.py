@@ -5,9 +5,14 @@ import sys
 from typing import Callable
 
 
+def report(message: str) -> None:
+  """Prints ``error: message`` to stderr."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+
+
 def fail(message: str) -> None:
   """Prints ``error: message`` to stderr and exits with status 1."""
-  print(f"error: {message}", file=sys.stderr, flush=True)
+  report(message)
   sys.exit(1)
 
 

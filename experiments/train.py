@@ -17,6 +17,8 @@ import warnings
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments.errors import report
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A config file (experiments/configs/<family>.py:<size>).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the summary.")
@@ -38,7 +40,7 @@ def _fail(message: str) -> None:
   # and the message stays the last line.
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
   gc.collect()
-  print(f"error: {message}", file=sys.stderr, flush=True)
+  report(message)
   if _DISTRIBUTED.present and _DISTRIBUTED.value:
     # A process of a multi-process run cannot shut down cleanly alone: JAX's runtime and Orbax's background threads
     # would wait minutes for peers that may be gone. The message is out; leave now.

@@ -154,14 +154,11 @@ class Checkpointer:
 def tree_checksums(tree: Any) -> dict[str, int]:
   """``{path: CRC-32}`` of every array leaf's bytes, its path the keys, attribute names and indices along the way
   joined by ``/`` (so a named tuple and the dict Orbax reads it back as without a target tree share paths). One
-  array at a time comes to the host; an array sharded over several processes is gathered (a collective: every
-  process calls this and gets the same checksums)."""
+  array at a time comes to the host (``metrics.on_host``), so every process calls this and gets the same checksums."""
+  from multilevel.metrics import on_host
   out = {}
   for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      from jax.experimental import multihost_utils
-      x = multihost_utils.process_allgather(x, tiled=True)
-    a = np.ascontiguousarray(np.asarray(jax.device_get(x)))
+    a = on_host(x)
     name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
     # The bytes are read in place (a uint8 view; any dtype, bfloat16 included), after the shape and dtype.
     out[name] = zlib.crc32(a.reshape(-1).view(np.uint8), zlib.crc32(f"{a.shape}{a.dtype}".encode()))

@@ -114,17 +114,23 @@ def read_metrics(workdir: str) -> list[dict]:
     return [json.loads(ln) for ln in f if ln.strip()]
 
 
+def on_host(x) -> np.ndarray:
+  """One array as a contiguous numpy array on this host; an array sharded over several processes is gathered (a
+  collective: every process must call this for it)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    x = multihost_utils.process_allgather(x, tiled=True)
+  return np.ascontiguousarray(np.asarray(jax.device_get(x)))
+
+
 def params_digest(params) -> str:
   """sha256 over every parameter's path, shape, dtype and bytes, in path order: equal digests = equal trees.
 
-  One parameter at a time comes to the host, never the whole tree; a parameter sharded over several processes is
-  gathered (a collective: every process calls this and gets the same digest)."""
+  One parameter at a time comes to the host (``on_host``), never the whole tree, so every process calls this and
+  gets the same digest."""
   h = hashlib.sha256()
   for name, x in sorted(flatten(params).items()):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      from jax.experimental import multihost_utils
-      x = multihost_utils.process_allgather(x, tiled=True)
-    x = np.ascontiguousarray(np.asarray(jax.device_get(x)))
+    x = on_host(x)
     h.update(f"{name}:{x.shape}:{x.dtype};".encode())
     h.update(x.tobytes())
   return h.hexdigest()
