@@ -35,8 +35,7 @@ def check_tokens(cfg: ModelConfig, tokens_BxT):
   id out of range reads NaN from the embedding, which the training loop reports as a NaN loss: the returned ids have
   every negative id moved past the vocabulary too (an embedding lookup would otherwise wrap -1 to the last row).
   Nested lists of ids are taken as an array."""
-  if not hasattr(tokens_BxT, "ndim"):
-    tokens_BxT = jnp.asarray(tokens_BxT)
+  tokens_BxT = jnp.asarray(tokens_BxT) if not hasattr(tokens_BxT, "ndim") else tokens_BxT
   if tokens_BxT.ndim != 2 or not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
     raise ValueError(f"Token inputs must be integer ids of shape (batch, length), got {tokens_BxT.dtype} "
                      f"{tuple(tokens_BxT.shape)}.")
@@ -44,34 +43,29 @@ def check_tokens(cfg: ModelConfig, tokens_BxT):
     raise ValueError(f"A sequence of {tokens_BxT.shape[1]} tokens is longer than the model's max_len={cfg.max_len} "
                      f"(the longest sequence it is built for); cut the sequences or build the model with a larger "
                      f"max_len.")
-  if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
-    ids = np.asarray(tokens_BxT)  # On the host: a concrete array closed over by a traced function stays concrete.
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= cfg.vocab_size:
-      raise ValueError(f"Token ids must lie in [0, vocab_size={cfg.vocab_size}); these range over [{lo}, {hi}]. "
-                       f"The tokenizer and the model disagree: set model.vocab_size to the tokenizer's size.")
-  return outside_negative(tokens_BxT, cfg.vocab_size)
-
-
-def outside_negative(ids, size: int):
-  """``ids`` with each negative id replaced by ``size`` (out of range, so a lookup reads NaN instead of wrapping)."""
-  return jnp.where(ids < 0, size, ids)
+  return _ids_in_range(tokens_BxT, cfg.vocab_size, "Token ids", "vocab_size", " The tokenizer and the model "
+                       "disagree: set model.vocab_size to the tokenizer's size.")
 
 
 def check_token_types(cfg: ModelConfig, types_BxT, tokens_BxT):
-  """BERT's segment ids to look up: the tokens' shape, and (on concrete arrays) each in [0, type_vocab_size)."""
-  if not hasattr(types_BxT, "ndim"):
-    types_BxT = jnp.asarray(types_BxT)
+  """BERT's segment ids to look up, checked as ``check_tokens`` checks the tokens: integers of the tokens' shape,
+  each in [0, type_vocab_size) (on concrete arrays; negative ones read NaN under ``jit``)."""
+  types_BxT = jnp.asarray(types_BxT) if not hasattr(types_BxT, "ndim") else types_BxT
   if tuple(types_BxT.shape) != tuple(tokens_BxT.shape) or not jnp.issubdtype(types_BxT.dtype, jnp.integer):
     raise ValueError(f"Token type ids must be integers of the tokens' shape {tuple(tokens_BxT.shape)}, got "
                      f"{types_BxT.dtype} {tuple(types_BxT.shape)}.")
-  if not isinstance(types_BxT, jax.core.Tracer) and types_BxT.size:
-    ids = np.asarray(types_BxT)
+  return _ids_in_range(types_BxT, cfg.type_vocab_size, "Token type ids", "type_vocab_size")
+
+
+def _ids_in_range(ids_BxT, size: int, what: str, field: str, remedy: str = ""):
+  """Refuses concrete ids outside [0, size) (a traced array cannot be read at trace time); returns the ids with every
+  negative one replaced by ``size``, out of range too, so that a lookup under ``jit`` reads NaN instead of wrapping."""
+  if not isinstance(ids_BxT, jax.core.Tracer) and ids_BxT.size:
+    ids = np.asarray(ids_BxT)  # On the host: a concrete array closed over by a traced function stays concrete.
     lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= cfg.type_vocab_size:
-      raise ValueError(f"Token type ids must lie in [0, type_vocab_size={cfg.type_vocab_size}); these range over "
-                       f"[{lo}, {hi}].")
-  return outside_negative(types_BxT, cfg.type_vocab_size)
+    if lo < 0 or hi >= size:
+      raise ValueError(f"{what} must lie in [0, {field}={size}); these range over [{lo}, {hi}].{remedy}")
+  return jnp.where(ids_BxT < 0, size, ids_BxT)
 
 
 def check_images(cfg: ModelConfig, images_BxHxWxC, model: str = "The model") -> None:
