@@ -57,6 +57,7 @@ def test_an_expected_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
     ({"cycle.width_schemes": "[[[0], [1]], [[0, 1]]]"}, "cycle.width_schemes needs one scheme per level transition"),
     ({"cycle.depth_schemes": "{"}, "cycle.depth_schemes is not valid JSON"),
     ({"cycle.optimizer_policy": "keep"}, "cycle.optimizer_policy must be one of"),
+    ({"model.num_layers": 0}, "^model.num_layers must be a positive integer"),  # The run config's name for it.
 ])
 def test_bad_configs_are_refused_before_the_workdir_is_written(tmp_path, override, message):
   work = tmp_path / "w"

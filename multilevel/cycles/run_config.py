@@ -84,7 +84,10 @@ def model_config(run, info) -> ModelConfig:
         d["num_channels"] = int(info.image_shape[-1])
   for key in ("vocab_size", "num_classes", "num_channels"):
     d[key] = d.get(key) or 1  # A placeholder where the data decides and is not loaded yet.
-  return ModelConfig.from_dict(d)
+  try:
+    return ModelConfig.from_dict(d)
+  except ValueError as e:  # Named as the run config spells it (model.num_layers), not as the Python API does.
+    raise ConfigError(str(e).replace("ModelConfig.", "model.")) from None
 
 
 def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfig:
