@@ -365,3 +365,14 @@ def test_nested_lists_of_ids_are_taken_as_arrays(family):
   got = M.apply(cfg, params, [[1, 2, 3]], *extra)
   want = M.apply(cfg, params, jnp.array([[1, 2, 3]]), *(jnp.array(e) for e in extra))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_params_of_another_config_are_named_as_such_not_as_a_scan_length():
+  import dataclasses
+  cfg = TINY["gpt"]
+  p, x = params_of("gpt"), tokens(cfg)
+  for other in (dataclasses.replace(cfg, num_layers=cfg.num_layers + 1),
+                dataclasses.replace(cfg, num_heads=cfg.num_heads * 2)):
+    for run in (M.apply, apply_jit):
+      with pytest.raises(ValueError, match=r"has shape .* in params but .* both must come from the same model config"):
+        run(other, p, x)

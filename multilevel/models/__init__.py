@@ -49,7 +49,14 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **kw):
   """Runs the model: logits for ``inputs`` (tokens for BERT, GPT and LLaMA, images for DeiT)."""
-  return build(cfg).apply({"params": params}, *inputs, train=train, rngs=rngs, **kw)
+  try:
+    return build(cfg).apply({"params": params}, *inputs, train=train, rngs=rngs, **kw)
+  except Exception as e:  # Flax and lax speak of scan lengths and initializer shapes; say which tree does not fit.
+    try:
+      check_params(params, cfg)
+    except ValueError as mismatch:
+      raise mismatch from e
+    raise
 
 
 def num_params(params, exclude_embeddings: bool = False) -> int:
