@@ -100,21 +100,18 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
 
   widths = _schemes(cycle.width_schemes, "width_schemes", k - 1)
   depths = _schemes(cycle.depth_schemes, "depth_schemes", k - 1)
-  maps, cfg = [], model
-  for i in range(k - 1):
-    try:
-      m = O.make_mapping(cfg, width=widths[i], depth=depths[i], width_factor=cycle.width_factor,
-                         depth_factor=cycle.depth_factor, depth_mode=cycle.depth_mode,
-                         embed_factor=cycle.embed_factor or None, preln_exact=cycle.preln_exact,
-                         depth_growth=cycle.depth_growth, allow_unequal_width_groups=cycle.allow_unequal_width_groups)
-    except ValueError as e:
-      if i == 0 or widths[i] is not None or depths[i] is not None:
-        raise
-      raise ConfigError(f"cycle.levels={k}: level {i} ({cfg.num_layers} layers, {cfg.num_heads} heads) cannot be "
-                        f"coalesced again ({e}) Use fewer cycle.levels, a larger model, or cycle.width_factor=1 / "
-                        f"cycle.depth_factor=1 to keep that axis.") from None
-    maps.append(m)
-    cfg = m.small
+  try:
+    maps = O.make_chain(model, k, widths=widths, depths=depths, width_factor=cycle.width_factor,
+                        depth_factor=cycle.depth_factor, depth_mode=cycle.depth_mode,
+                        embed_factor=cycle.embed_factor or None, preln_exact=cycle.preln_exact,
+                        depth_growth=cycle.depth_growth, allow_unequal_width_groups=cycle.allow_unequal_width_groups)
+  except O.ChainError as e:
+    i, lvl = e.transition, e.level
+    if widths[i] is not None or depths[i] is not None:
+      raise e.reason from None  # The scheme given for that transition is what is wrong; its own message says how.
+    raise ConfigError(f"cycle.levels={k}: level {i} ({lvl.num_layers} layers, {lvl.num_heads} heads) cannot be "
+                      f"coalesced again ({e.reason}) Use fewer cycle.levels, a larger model, or cycle.width_factor=1 "
+                      f"/ cycle.depth_factor=1 to keep that axis.") from None
   levels = (model,) + tuple(m.small for m in maps)
   _check_symmetry_broken(cycle, levels)
   if cycle.new_layers == "fresh" and not any(m.changes_depth for m in maps):

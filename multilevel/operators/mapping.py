@@ -192,6 +192,15 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
                   bool(preln_exact), depth_growth, kv)
 
 
+class ChainError(ValueError):
+  """``make_chain``'s refusal of a transition past the first: ``transition`` (its index), ``level`` (the config that
+  could not be coalesced again) and ``reason`` (``make_mapping``'s error) let a caller say it in its own terms."""
+
+  def __init__(self, message: str, transition: int, level: ModelConfig, reason: ValueError):
+    super().__init__(message)
+    self.transition, self.level, self.reason = transition, level, reason
+
+
 def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **kw) -> list[LevelMap]:
   """``levels - 1`` maps, each shrinking the previous small model: a multi-level hierarchy.
 
@@ -222,7 +231,7 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
     except ValueError as e:
       if i == 0:
         raise
-      raise ValueError(f"make_chain: transition {i} (level {i}, {cfg.num_layers} layers and {cfg.num_heads} heads, to "
-                       f"level {i + 1}) fails: {e} Use fewer levels or a larger model.") from None
+      raise ChainError(f"make_chain: transition {i} (level {i}, {cfg.num_layers} layers and {cfg.num_heads} heads, to "
+                       f"level {i + 1}) fails: {e} Use fewer levels or a larger model.", i, cfg, e) from None
     cfg = maps[-1].small
   return maps
