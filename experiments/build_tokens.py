@@ -24,20 +24,42 @@ _STEPS = flags.DEFINE_list("steps", [], "Training steps to express in epochs of 
 flags.mark_flags_as_required(["config"])
 
 
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
+
+
+def _steps(values) -> list[int]:
+  """``--steps`` as whole step counts (``1400``, ``1e3`` and ``1_000`` are all fine)."""
+  out = []
+  for v in values:
+    try:
+      n = float(v.replace("_", ""))
+    except ValueError:
+      raise app.UsageError(f"--steps takes step counts separated by commas (e.g. 1400,2800); got {v!r}.") from None
+    if not n.is_integer() or n < 1:
+      raise app.UsageError(f"--steps takes positive whole step counts; got {v!r}.")
+    out.append(int(n))
+  return out
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from multilevel import models as M
   from multilevel.data import make_data
   from multilevel.data import tokenfile
   cfg = _CONFIG.value
+  if not M.family_of(cfg.model.family).is_text:
+    raise app.UsageError(f"{cfg.model.family} is an image family: a token file holds text. Give a text config "
+                         f"(gpt.py, bert.py or llama.py).")
+  steps = _steps(_STEPS.value)
+  out = os.path.abspath(os.path.expanduser(_OUT.value)) if _OUT.value else ""
+  if out and os.path.exists(out):  # Checked before the build, which can take a while.
+    raise app.UsageError(f"--out={out} already exists; name a folder that does not exist yet (the token file's "
+                         f"folder is copied there).")
   seq_len, batch = int(cfg.model.max_len), int(cfg.train.batch_size)
   start = time.time()
-  try:
-    train, _, info = make_data(cfg.data, kind="text", batch_size=batch, seq_len=seq_len, model_family=cfg.model.family,
-                               process_index=0, process_count=1)
-  except (ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  train, _, info = make_data(cfg.data, kind="text", batch_size=batch, seq_len=seq_len, model_family=cfg.model.family,
+                             process_index=0, process_count=1)
   train.close()
   seconds = time.time() - start
   tf = tokenfile.open_token_file(info.token_file)
@@ -47,14 +69,14 @@ def main(argv):
         f"{tf.nbytes / 2**20:.1f} MiB; ready in {seconds:.1f} s\n"
         f"one epoch: {train_tokens:,} training tokens ({info.num_train_examples:,} sequences of {seq_len}), "
         f"{info.num_eval_examples * seq_len:,} held out")
-  for steps in _STEPS.value:
-    tokens = int(steps) * batch * seq_len
-    print(f"  {int(steps):,} steps of {batch}x{seq_len}: {tokens:,} tokens = {tokens / train_tokens:.2f} epochs")
-  if _OUT.value:
-    out = os.path.abspath(os.path.expanduser(_OUT.value))
+  for n in steps:
+    tokens = n * batch * seq_len
+    print(f"  {n:,} steps of {batch}x{seq_len}: {tokens:,} tokens = {tokens / train_tokens:.2f} epochs")
+  if out:
     shutil.copytree(tf.path, out)
     print(f"copied to {out}: train on it with --config.data.token_file={out}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from experiments.errors import one_line
+  app.run(one_line(main, (app.UsageError, ValueError, KeyError, OSError), lambda: _DEBUG.value))

@@ -320,7 +320,7 @@ def test_build_tokens_command_states_the_epoch_and_copies_the_file(corpus, tmp_p
   result = subprocess.run(
       [sys.executable, "-m", "experiments.build_tokens", "--config=experiments/configs/gpt.py:test",
        f"--config.data.files={cfg.files}", f"--config.data.cache_dir={cfg.cache_dir}", "--config.data.vocab_size=300",
-       "--steps=10", f"--out={out}"],
+       "--steps=1e1", f"--out={out}"],
       cwd=root, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
   assert result.returncode == 0, result.stderr[-2000:]
   tf = tokenfile.open_token_file(str(out))

@@ -39,6 +39,12 @@ def check_sources(cfg, kind: str) -> None:
     which = "data.files" if cfg.files else "data.token_file"
     raise ValueError(f"{which} is a text source; an image model reads data.folder (one sub-folder per class) or "
                      "data.name ('' for Fashion-MNIST, 'tfds:<name>').")
+  if kind == "text" and cfg.token_file:
+    other = [f"data.{k}" for k in ("files", "name", "max_documents") if getattr(cfg, k)]
+    if other:
+      raise ValueError(f"data.token_file is set, and so is {' and '.join(other)}: a token file is the whole corpus, "
+                       f"already tokenized. Leave {' and '.join(other)} out to train on the token file, or leave "
+                       f"data.token_file out to read the corpus.")
   if kind == "text" and cfg.files and cfg.name:
     raise ValueError(f"Both data.name={cfg.name!r} and data.files are set: give one text source (data.files for "
                      "your own files, data.name for a named corpus).")

@@ -68,6 +68,9 @@ class DataConfig:
       raise ValueError(f"data.sample_by must be one of {', '.join(SAMPLE_BY)}, got {self.sample_by!r}.")
     if not 0 <= self.val_fraction < 1:
       raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}.")
+    for name in ("max_documents", "max_eval_batches", "prefetch", "tokenizer_max_chars"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"data.{name} must be >= 0 (0 = {_ZERO_MEANS[name]}), got {getattr(self, name)}.")
     if self.val_split not in VAL_SPLITS:
       raise ValueError(f"data.val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}.")
 
@@ -88,3 +91,5 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+_ZERO_MEANS = {"max_documents": "all", "max_eval_batches": "no evaluation", "prefetch": "none",
+               "tokenizer_max_chars": "all of the text"}

@@ -27,7 +27,7 @@ from multilevel.data import tokenizer as tokenizer_lib
 from multilevel.data.config import DataConfig
 from multilevel.data.corpora import TextSource
 
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3  # 3: special tokens' text inside documents encoded as text.
 _EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -52,19 +52,48 @@ def resolve_files(files) -> list[str]:
   return sorted(set(paths))
 
 
+def _file_stamp(path: str) -> tuple:
+  """What the cache keys a local file by: its size and its modification and change times in nanoseconds. The
+  change time (ctime) moves on every write and cannot be set back, so a file rewritten in place within the same
+  second, or replaced by an equal-sized copy that kept another file's mtime (cp -p, rsync -a), is read again."""
+  st = os.stat(path)
+  return (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> Iterator[str]:
-  count = 0
-  for row in dataset:
+  """The texts of ``dataset``'s rows, in order. Rows whose field is missing, null or not a string are skipped and
+  counted: a warning says how many once the rows are read, and an error says what the field held if no row held
+  text. Rows of blank text are skipped without a word (they hold nothing to train on)."""
+  count, skipped, first = 0, {}, {}
+  for i, row in enumerate(dataset):
     if text_field not in row:
       raise ValueError(f"{what} has no field {text_field!r} (it has {sorted(row)}); set data.text_field to the column "
                        "holding the text.")
     text = row[text_field]
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+      kind = "missing or null" if text is None else f"a {type(text).__name__}"
+      skipped[kind] = skipped.get(kind, 0) + 1
+      first.setdefault(kind, i + 1)
+      continue
+    if not text.strip():
       continue
     yield text
     count += 1
     if max_documents and count >= max_documents:
-      return
+      break
+  if not skipped:
+    return
+  kinds = ", ".join(f"{n} {kind} (first at row {first[kind]})" for kind, n in skipped.items())
+  if count == 0:
+    raise ValueError(f"{what}: no row holds a text in field {text_field!r}; it holds {kinds}. Set data.text_field to "
+                     f"the column holding the text.")
+  message = f"{what}: skipped {sum(skipped.values())} row(s) whose field {text_field!r} is not a text: {kinds}."
+  if message not in _WARNED:  # The tokenizer's training and the token file read the same rows: say it once.
+    _WARNED.add(message)
+    logging.warning("%s", message)
+
+
+_WARNED: set[str] = set()
 
 
 def files_source(cfg: DataConfig) -> TextSource:
@@ -75,7 +104,7 @@ def files_source(cfg: DataConfig) -> TextSource:
   builder = builders.pop()
   sample_by, max_docs = cfg.sample_by, cfg.max_documents
   kwargs = {"sample_by": sample_by} if builder == "text" else {}
-  stats = [(p, os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
+  stats = [_file_stamp(p) for p in paths]
   field = "text" if builder == "text" else cfg.text_field
 
   def rows():
@@ -135,9 +164,17 @@ def _chunks(texts: Iterable[str], max_docs: int = 512, max_chars: int = 4_000_00
 
 
 def _encoded(source: TextSource, tok: tokenizer_lib.LoadedTokenizer) -> Iterator[list[int]]:
-  for chunk in _chunks(source.documents()):
-    for enc in tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False):
-      yield enc.ids
+  """Each document's ids. A special token's text inside a document ('<eos>', '<mask>', '[SEP]', ...) is encoded as
+  the text it is, not as that token: a corpus that mentions '<eos>' gets no false document boundary, nor a BERT
+  corpus false masks (nanoGPT's encode_ordinary does the same)."""
+  was = tok.tokenizer.encode_special_tokens
+  tok.tokenizer.encode_special_tokens = True
+  try:
+    for chunk in _chunks(source.documents()):
+      for enc in tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False):
+        yield enc.ids
+  finally:
+    tok.tokenizer.encode_special_tokens = was
 
 
 def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir: str) -> tokenfile.TokenFile:
@@ -179,6 +216,12 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
     if tok.vocab_size != tf.vocab_size or tok.eos_id != tf.eos_id:
       raise ValueError(f"The tokenizer {tok.path} (vocab {tok.vocab_size}, eos {tok.eos_id}) did not make the token "
                        f"file {tf.path} (vocab {tf.vocab_size}, eos {tf.eos_id}).")
+    if cfg.tokenizer and tf.tokenizer_path:
+      from tokenizers import Tokenizer
+      if Tokenizer.from_file(tf.tokenizer_path).get_vocab() != tok.tokenizer.get_vocab():
+        raise ValueError(f"data.tokenizer={cfg.tokenizer!r} did not make the token file {tf.path}: its vocabulary "
+                         f"differs from the tokenizer.json the token file holds, so the ids would decode to other "
+                         f"text. Leave data.tokenizer out to use the token file's own.")
     what = tf.description or tf.path
   else:
     cache = common.cache_dir(cfg.cache_dir)

@@ -1,0 +1,135 @@
+"""A user's own text data: what the data stack must not get silently wrong (found by an audit that fed it real-world
+files). Local files only, no network."""
+
+import json
+import os
+import subprocess
+import sys
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"  # before ``datasets`` is imported anywhere
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from absl import logging  # noqa: E402
+
+from multilevel.data import default_config, make_data, tokenfile  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = "the river runs under a stone bridge while the old mill turns and cold wind comes from the hills".split()
+
+
+def _docs(n=40, seed=0):
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(WORDS, size=rng.integers(15, 40))) + "." for _ in range(n)]
+
+
+def _cfg(tmp_path, **kw):
+  cfg = default_config()
+  cfg.cache_dir, cfg.vocab_size, cfg.prefetch = str(tmp_path / "cache"), 300, 0
+  cfg.update(kw)
+  return cfg
+
+
+def _make(cfg, **kw):
+  train, _, info = make_data(cfg, **{**dict(kind="text", batch_size=4, seq_len=16, process_index=0,
+                                              process_count=1), **kw})
+  train.close()
+  return info
+
+
+def _first_document(info) -> str:
+  from tokenizers import Tokenizer
+  tf = tokenfile.open_token_file(info.token_file)
+  return Tokenizer.from_file(tf.tokenizer_path).decode(tf.document(0).tolist())
+
+
+def test_a_file_rewritten_to_the_same_size_and_mtime_is_tokenized_again(tmp_path):
+  path = tmp_path / "a.txt"
+  path.write_text("\n\n".join(_docs()))
+  cfg = _cfg(tmp_path, files=str(path), tokenizer="", sample_by="paragraph")
+  first = _make(cfg)
+  st = os.stat(path)
+  path.write_text("\n\n".join(_docs()).upper())  # Same size, other text; then the old mtime, to the nanosecond.
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert os.path.getsize(path) == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+  second = _make(cfg)
+  assert second.token_file != first.token_file
+  assert _first_document(second).strip().upper() == _first_document(second).strip()  # The new text, not the old.
+
+
+def test_rows_without_a_text_are_counted_in_a_warning_and_named_when_none_has_one(tmp_path, monkeypatch):
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
+  rows = [{"text": d} for d in _docs()] + [{"other": "x"}, {"text": None}, {"text": 12345}, {"text": ["a", "b"]}]
+  path = tmp_path / "rows.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  _make(_cfg(tmp_path, files=str(path)))
+  assert len(warned) == 1, warned  # Read twice (tokenizer, token file), said once.
+  assert "skipped 4 row(s) whose field 'text' is not a text: 2 missing or null (first at row 41), 1 a int (first " \
+         "at row 43), 1 a list (first at row 44)" in warned[0]
+  nums = tmp_path / "nums.jsonl"
+  nums.write_text("\n".join(json.dumps({"text": i}) for i in range(5)) + "\n")
+  with pytest.raises(ValueError, match=r"no row holds a text in field 'text'; it holds 5 a int \(first at row 1\)\. "
+                                       r"Set data.text_field"):
+    _make(_cfg(tmp_path, files=str(nums)))
+
+
+def test_a_special_token_written_in_the_text_is_encoded_as_text(tmp_path):
+  path = tmp_path / "a.jsonl"
+  docs = _docs()
+  docs[0] = "the model emits <eos> then <pad> and <mask> tokens " + docs[0]
+  path.write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+  info = _make(_cfg(tmp_path, files=str(path)))
+  tf = tokenfile.open_token_file(info.token_file)
+  assert tf.num_documents == len(docs)  # No false boundary at the '<eos>' inside the first document.
+  ids = tf.document(0).tolist()
+  assert ids[-1] == info.eos_id and not set(ids[:-1]) & {info.pad_id, info.eos_id, info.mask_id}
+  assert _first_document(info).startswith("the model emits <eos> then <pad> and <mask> tokens")
+
+
+def test_a_token_file_is_the_only_source_and_keeps_its_own_tokenizer(tmp_path):
+  path = tmp_path / "a.jsonl"
+  path.write_text("\n".join(json.dumps({"text": d}) for d in _docs()) + "\n")
+  info = _make(_cfg(tmp_path, files=str(path)))
+  folder = info.token_file
+  for extra, named in (({"files": str(tmp_path / "nope" / "*.txt")}, "data.files"), ({"name": "gcide"}, "data.name"),
+                       ({"max_documents": 5}, "data.max_documents")):
+    with pytest.raises(ValueError, match=f"data.token_file is set, and so is {named}: a token file is the whole"):
+      _make(_cfg(tmp_path, token_file=folder, **extra))
+  # A tokenizer of the same size trained on other text would decode the ids to other words.
+  other = tmp_path / "other.jsonl"
+  other.write_text("\n".join(json.dumps({"text": d.upper() + " " + d[::-1]}) for d in _docs(seed=5)) + "\n")
+  other_info, mine = _make(_cfg(tmp_path, files=str(other))), tokenfile.open_token_file(folder)
+  other_tok = other_info.tokenizer_path
+  assert other_info.vocab_size == mine.vocab_size  # The size check alone lets it through.
+  with pytest.raises(ValueError, match="did not make the token file .* its vocabulary differs"):
+    _make(_cfg(tmp_path, token_file=folder, tokenizer=other_tok))
+  assert _make(_cfg(tmp_path, token_file=folder, tokenizer=mine.tokenizer_path)).token_file == folder
+
+
+@pytest.mark.parametrize("key", ["max_documents", "max_eval_batches", "prefetch", "tokenizer_max_chars"])
+def test_negative_counts_are_refused(tmp_path, key):
+  with pytest.raises(ValueError, match=f"data.{key} must be >= 0"):
+    _make(_cfg(tmp_path, **{key: -1}))
+
+
+def _build_tokens(*flags):
+  return subprocess.run([sys.executable, "-m", "experiments.build_tokens", *flags], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+
+
+@pytest.mark.slow
+def test_build_tokens_refuses_bad_flags_in_one_line_before_building(tmp_path):
+  (tmp_path / "out").mkdir()
+  cache = tmp_path / "cache"
+  gpt = "--config=experiments/configs/gpt.py:test"
+  for flags, message in (([gpt, f"--out={tmp_path / 'out'}"], "already exists; name a folder that does not exist yet"),
+                         ([gpt, "--steps=ten"], "--steps takes step counts separated by commas"),
+                         ([gpt, "--steps=1.5"], "--steps takes positive whole step counts"),
+                         (["--config=experiments/configs/deit.py:test"], "deit is an image family")):
+    proc = _build_tokens(*flags, f"--config.data.cache_dir={cache}")
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and line.startswith("error: ") and message in line, proc.stderr
+    assert "Traceback" not in proc.stderr
+  assert not cache.exists()  # Nothing was built for a command that was refused.
