@@ -133,3 +133,62 @@ def test_build_tokens_refuses_bad_flags_in_one_line_before_building(tmp_path):
     assert proc.returncode == 1 and line.startswith("error: ") and message in line, proc.stderr
     assert "Traceback" not in proc.stderr
   assert not cache.exists()  # Nothing was built for a command that was refused.
+
+
+def test_a_utf8_byte_order_mark_is_not_text_and_utf16_files_are_named_as_such(tmp_path):
+  docs = _docs()
+  for i, d in enumerate(docs):
+    (tmp_path / f"{i:02d}.txt").write_bytes(b"\xef\xbb\xbf" + d.encode())  # UTF-8 with a BOM, as some editors save.
+  info = _make(_cfg(tmp_path, files=str(tmp_path / "*.txt")))
+  assert _first_document(info) == docs[0]
+  wide = tmp_path / "wide" / "a.txt"
+  wide.parent.mkdir()
+  wide.write_text(" ".join(docs), encoding="utf-16")
+  with pytest.raises(ValueError, match=r"it is UTF-16 text .* Convert it to UTF-8 \(iconv -f utf-16 -t utf-8\)"):
+    _make(_cfg(tmp_path, files=str(wide)))
+
+
+def test_file_lists_that_cannot_be_read_say_why(tmp_path):
+  (tmp_path / "com,ma").mkdir()
+  (tmp_path / "com,ma" / "a.txt").write_text(" ".join(_docs()))
+  with pytest.raises(FileNotFoundError, match="data.files is split at commas into globs: for a path with a comma"):
+    _make(_cfg(tmp_path, files=str(tmp_path / "com,ma" / "*.txt")))
+  _make(_cfg(tmp_path, files=str(tmp_path / "com?ma" / "*.txt")))  # The workaround the message gives.
+  (tmp_path / "b.csv").write_text("text\nhello\n")
+  (tmp_path / "c.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+  with pytest.raises(ValueError, match=r"data.files holds 1 file\(s\) that this cannot read: .*b.csv"):
+    _make(_cfg(tmp_path, files=f"{tmp_path / 'com?ma' / '*.txt'},{tmp_path / 'b.csv'}"))
+  with pytest.raises(ValueError, match=r"data.files mixes kinds of file \(json: .*c.jsonl, text: .*a.txt\)"):
+    _make(_cfg(tmp_path, files=f"{tmp_path / 'com?ma' / '*.txt'},{tmp_path / 'c.jsonl'}"))
+  (tmp_path / "tok").mkdir()
+  with pytest.raises(FileNotFoundError, match="is a folder without a tokenizer.json; name the tokenizer.json"):
+    _make(_cfg(tmp_path, files=str(tmp_path / "c.jsonl"), tokenizer=str(tmp_path / "tok")))
+
+
+def test_holding_out_whole_short_documents_says_what_it_costs(tmp_path, monkeypatch):
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
+  path = tmp_path / "short.txt"
+  path.write_text("\n".join(" ".join(d.split()[:6]) for d in _docs(300)))  # Lines of ~8 tokens, windows of 16.
+  cfg = _cfg(tmp_path, files=str(path), sample_by="line", val_split="documents", val_fraction=0.2)
+  _make(cfg)
+  assert any("data.val_split='documents' drops" in w and "data.val_split='sequences'" in w for w in warned), warned
+  warned.clear()
+  _make(_cfg(tmp_path, files=str(path), sample_by="line"))
+  assert not warned  # Windows held out: nothing dropped, nothing said.
+  with pytest.raises(ValueError, match=r"holds 1 document, .* needs two or more. Hold out windows instead .*, or cut "
+                                       r"the .txt files into more documents \(data.sample_by='paragraph' or 'line'\)"):
+    _make(_cfg(tmp_path, files=str(path), val_split="documents"))
+
+
+def test_a_damaged_token_file_given_by_the_user_is_not_promised_a_rebuild(tmp_path):
+  path = tmp_path / "a.jsonl"
+  path.write_text("\n".join(json.dumps({"text": d}) for d in _docs()) + "\n")
+  import shutil
+  given = tmp_path / "carried"
+  shutil.copytree(_make(_cfg(tmp_path, files=str(path))).token_file, given)
+  with open(given / "tokens.bin", "r+b") as f:
+    f.truncate(10)
+  with pytest.raises(tokenfile.TokenFileError, match="is damaged: tokens.bin holds 10 bytes.* It was given as "
+                                                     "data.token_file, so no run rebuilds it: copy it again"):
+    _make(_cfg(tmp_path, token_file=str(given)))

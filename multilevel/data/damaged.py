@@ -23,12 +23,19 @@ def why_unreadable(path: str, kind: str) -> tuple[str, str] | None:
       return f"it is not a readable Parquet file ({type(e).__name__}: {e})", "re-create it"
     return None
   with open(path, "rb") as f:
+    head = f.read(4)
+    for bom, codec in ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+                       (b"\xfe\xff", "utf-16")):
+      if head.startswith(bom):
+        return (f"it is {codec.upper()} text (it starts with a {codec.upper()} byte-order mark)",
+                f"convert it to UTF-8 (iconv -f {codec} -t utf-8)")
+    f.seek(0)
     for number, line in enumerate(f, 1):
       try:
         line.decode("utf-8")
       except UnicodeDecodeError as e:
         return (f"line {number} is not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})",
-                "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+                "convert it to UTF-8 (`file -i` names its encoding; for Latin-1, iconv -f latin1 -t utf-8)")
   if kind == "json":
     with open(path, encoding="utf-8") as f:
       text = f.read()

@@ -27,7 +27,7 @@ from multilevel.data import tokenizer as tokenizer_lib
 from multilevel.data.config import DataConfig
 from multilevel.data.corpora import TextSource
 
-_CACHE_VERSION = 3  # 3: special tokens' text inside documents encoded as text.
+_CACHE_VERSION = 3  # 3: special tokens' text inside documents encoded as text; no UTF-8 BOM in .txt.
 _EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -47,8 +47,10 @@ def resolve_files(files) -> list[str]:
     found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     (paths.extend(found) if found else missing.append(pattern))
   if missing:
-    raise FileNotFoundError(f"No file matches {', '.join(missing)} (data.files); check the path or glob (relative paths "
-                            "are from the current directory).")
+    split = (" data.files is split at commas into globs: for a path with a comma in it, put ? in the comma's place."
+             if isinstance(files, str) and "," in files else "")
+    raise FileNotFoundError(f"No file matches {' and '.join(repr(m) for m in missing)} (data.files); check the path or "
+                            f"glob (relative paths are from the current directory).{split}")
   return sorted(set(paths))
 
 
@@ -99,16 +101,29 @@ _WARNED: set[str] = set()
 def files_source(cfg: DataConfig) -> TextSource:
   paths = resolve_files(cfg.files)
   builders = {_EXTENSIONS.get(os.path.splitext(p)[1].lower()) for p in paths}
-  if None in builders or len(builders) != 1:
-    raise ValueError(f"data.files must all be one kind of {sorted(_EXTENSIONS)} files; got {paths[:5]}...")
+  unknown = [p for p in paths if _EXTENSIONS.get(os.path.splitext(p)[1].lower()) is None]
+  if unknown:
+    raise ValueError(f"data.files holds {len(unknown)} file(s) that this cannot read: {', '.join(unknown[:3])}"
+                     f"{', ...' if len(unknown) > 3 else ''}. Text is read from {', '.join(sorted(_EXTENSIONS))} files "
+                     f"(uncompressed); convert those, or leave them out of the glob.")
+  if len(builders) != 1:
+    kinds = {b: [p for p in paths if _EXTENSIONS[os.path.splitext(p)[1].lower()] == b][0] for b in sorted(builders)}
+    raise ValueError(f"data.files mixes kinds of file ({', '.join(f'{b}: {p}' for b, p in kinds.items())}); give one "
+                     f"kind per run (plain text, json/jsonl or parquet), e.g. by converting the others to it.")
   builder = builders.pop()
   sample_by, max_docs = cfg.sample_by, cfg.max_documents
-  kwargs = {"sample_by": sample_by} if builder == "text" else {}
+  # utf-8-sig: a byte-order mark some editors put first in a UTF-8 file is not text (json files drop it already).
+  kwargs = {"sample_by": sample_by, "encoding": "utf-8-sig"} if builder == "text" else {}
   stats = [_file_stamp(p) for p in paths]
   field = "text" if builder == "text" else cfg.text_field
 
   def rows():
+    import logging as std_logging
+
     import datasets
+    # Its json reader logs a damaged file before raising; damaged.named_on_failure then says it in one line, naming
+    # the line to fix (and keeps the raw cause where it cannot).
+    std_logging.getLogger("datasets.packaged_modules.json.json").setLevel(std_logging.CRITICAL)
     # Streaming reads the files as they are: no Arrow copy in the HF cache.
     yield from datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
 
@@ -208,7 +223,14 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
     raise ValueError(f"Text data needs seq_len >= 2 (the model context length), got {seq_len}.")
   seq_len = int(seq_len)
   if cfg.token_file:
-    tf = tokenfile.open_token_file(cfg.token_file)
+    try:
+      tf = tokenfile.open_token_file(cfg.token_file)
+    except tokenfile.TokenFileError as e:  # No corpus here to rebuild it from: say where a good copy comes from.
+      folder = os.path.abspath(os.path.expanduser(cfg.token_file))
+      raise tokenfile.TokenFileError(str(e).replace(
+          tokenfile.rebuild_hint(folder), "It was given as data.token_file, so no run rebuilds it: copy it again from "
+          "where it was built, or build it anew with python -m experiments.build_tokens --config=... --out=DIR.")
+      ) from None
     tok_spec = cfg.tokenizer or tf.tokenizer_path
     if not tok_spec:
       raise ValueError(f"The token file {tf.path} holds no tokenizer.json; name its tokenizer with data.tokenizer.")
@@ -235,7 +257,18 @@ def make_text(cfg: DataConfig, *, batch_size: int, seq_len: int | None, seed: in
     raise ValueError(f"{what} has {tf.num_tokens} tokens, fewer than two sequences of seq_len={seq_len}: use more "
                      "text or a shorter seq_len.")
   if cfg.val_split == "documents":
+    instead = ("hold out windows instead (data.val_split='sequences')" + (
+        ", or cut the .txt files into more documents (data.sample_by='paragraph' or 'line')"
+        if cfg.files and not cfg.token_file and cfg.sample_by == "document" else ""))
+    if tf.num_documents < 2 and cfg.val_fraction > 0:
+      raise ValueError(f"{what} holds {tf.num_documents} document, and data.val_split='documents' holds out whole "
+                       f"documents: it needs two or more. {instead[0].upper()}{instead[1:]}.")
     train_idx, val_idx = tf.split_documents(seq_len, cfg.val_fraction, cfg.split_seed)
+    dropped = num_seqs - len(train_idx) - len(val_idx)
+    if dropped > 0.1 * num_seqs:
+      logging.warning("data.val_split='documents' drops %d of the %d windows of %d tokens (those that cross a "
+                      "held-out document's edge) and holds out %d: the documents are short against seq_len. To "
+                      "lose none, %s.", dropped, num_seqs, seq_len, len(val_idx), instead)
   else:
     train_idx, val_idx = common.split_indices(num_seqs, cfg.val_fraction, cfg.split_seed)
 

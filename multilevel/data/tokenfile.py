@@ -139,10 +139,14 @@ def _block_crcs(path: str) -> list[int]:
   return crcs
 
 
+def rebuild_hint(folder: str) -> str:
+  """What a damaged token file's message says to do: right for one in the cache, which a run builds."""
+  return f"Delete the folder (rm -r {folder}) and run again to rebuild it from the corpus."
+
+
 def _damaged(path: str, what: str) -> TokenFileError:
   folder = os.path.dirname(path)
-  return TokenFileError(f"The token file {folder} is damaged: {os.path.basename(path)} {what}. Delete the folder "
-                        f"(rm -r {folder}) and run again to rebuild it from the corpus.")
+  return TokenFileError(f"The token file {folder} is damaged: {os.path.basename(path)} {what}. {rebuild_hint(folder)}")
 
 
 def _check_file(path: str, nbytes: int, crcs: list[int]) -> None:

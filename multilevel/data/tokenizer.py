@@ -145,6 +145,9 @@ def load(spec: str, *, model_family: str = "gpt") -> LoadedTokenizer:
   """Loads a tokenizer.json path (or a directory holding one, or a hub name)."""
   path = os.path.expanduser(spec)
   if os.path.isdir(path):
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+      raise FileNotFoundError(f"data.tokenizer={spec!r} is a folder without a tokenizer.json; name the tokenizer.json "
+                              f"file itself, or set data.tokenizer to '' to train one on the corpus.")
     path = os.path.join(path, "tokenizer.json")
   if os.path.exists(path):
     try:
