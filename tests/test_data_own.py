@@ -192,3 +192,14 @@ def test_a_damaged_token_file_given_by_the_user_is_not_promised_a_rebuild(tmp_pa
   with pytest.raises(tokenfile.TokenFileError, match="is damaged: tokens.bin holds 10 bytes.* It was given as "
                                                      "data.token_file, so no run rebuilds it: copy it again"):
     _make(_cfg(tmp_path, token_file=str(given)))
+
+
+def test_paragraphs_end_at_blank_lines_that_hold_spaces(tmp_path):
+  docs = _docs(12)
+  path = tmp_path / "p.txt"
+  seps = ["\n\n", "\n  \n", "\n\t\n", "\n\n\n\n"]
+  path.write_text("".join(d + seps[i % 4] for i, d in enumerate(docs)))
+  info = _make(_cfg(tmp_path, files=str(path), sample_by="paragraph", max_eval_batches=0), seq_len=8)
+  tf = tokenfile.open_token_file(info.token_file)
+  assert tf.num_documents == len(docs)  # datasets alone cuts at '\n\n' only: 6 documents.
+  assert _first_document(info).strip() == docs[0]

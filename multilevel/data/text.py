@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -27,7 +28,8 @@ from multilevel.data import tokenizer as tokenizer_lib
 from multilevel.data.config import DataConfig
 from multilevel.data.corpora import TextSource
 
-_CACHE_VERSION = 3  # 3: special tokens' text inside documents encoded as text; no UTF-8 BOM in .txt.
+_CACHE_VERSION = 3  # 3: special tokens' text inside documents encoded as text; no UTF-8 BOM in .txt; paragraphs.
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")  # A line of nothing but spaces and tabs, between two newlines.
 _EXTENSIONS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -125,7 +127,13 @@ def files_source(cfg: DataConfig) -> TextSource:
     # the line to fix (and keeps the raw cause where it cannot).
     std_logging.getLogger("datasets.packaged_modules.json.json").setLevel(std_logging.CRITICAL)
     # Streaming reads the files as they are: no Arrow copy in the HF cache.
-    yield from datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
+    found = datasets.load_dataset(builder, data_files=paths, split="train", streaming=True, **kwargs)
+    if builder != "text" or sample_by != "paragraph":
+      yield from found
+      return
+    for row in found:  # datasets cuts paragraphs at '\n\n' only; a blank line holding spaces or tabs ends one too.
+      for paragraph in _BLANK_LINE.split(row["text"]):
+        yield {"text": paragraph}
 
   def documents():
     checked = damaged.named_on_failure(rows(), paths, builder)  # a damaged file is named, not a pyarrow trace
