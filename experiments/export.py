@@ -7,6 +7,7 @@ Needs the ``hf`` extra's safetensors. The model is the one the run ended with (c
 "error:" and exits with status 1.
 """
 
+import json
 import os
 
 from absl import app, flags
@@ -29,7 +30,9 @@ def main(argv):
     fail(f"--out={out} is a file: pass a folder (it is created if missing) for config.json and model.safetensors.")
   try:
     cfg, params = load_run(_WORKDIR.value)
-    out = interop.save_hf(cfg, params, out)
+    with open(os.path.join(os.path.expanduser(_WORKDIR.value), "summary.json"), encoding="utf-8") as f:
+      labels = json.load(f).get("class_names")  # An image folder's classes, as its config.json's id2label.
+    out = interop.save_hf(cfg, params, out, labels=labels)
   except (CheckpointError, ValueError, ImportError) as e:
     fail(str(e))
   except OSError as e:

@@ -350,6 +350,8 @@ class Runner:
         "num_train_examples": self.info.num_train_examples,
         "model": self.model.to_dict(),
     }
+    if self.info.class_names:  # An image folder's class of each label (experiments.export names the HF labels so).
+      summary["class_names"] = list(self.info.class_names)
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
     self.state = state  # The final state, for a caller that inspects it (e.g. its shardings).

@@ -75,8 +75,13 @@ def restore(runner: Host) -> tuple[TrainState, dict] | None:
   meta = ckpt.restore_meta(latest)
   diff = config_diff(meta.get("config", {}), runner.cfg_json, defaults=default_resolved_config())
   if diff:
+    from_data = sorted({k for k in ("vocab_size", "num_classes", "num_channels") if any(
+        line.startswith(f"model.{k}:") for line in diff)})
+    hint = (f" ({', '.join('model.' + k for k in from_data)} come{'s' if len(from_data) == 1 else ''} from the data "
+            f"when the config leaves {'it' if len(from_data) == 1 else 'them'} at 0: the data changed since the saved "
+            f"run)" if from_data else "")
     raise CheckpointError(f"The checkpoint in {workdir} belongs to a different config: " + "; ".join(
-        diff[:12]) + ". Run with the original config to resume, or choose a new --workdir.")
+        diff[:12]) + f"{hint}. Run with the original config and data to resume, or choose a new --workdir.")
   try:
     pos = RunPosition.from_meta(meta)
   except (KeyError, TypeError) as e:

@@ -80,6 +80,9 @@ def model_config(run, info) -> ModelConfig:
     else:
       if not d.get("num_classes"):
         d["num_classes"] = int(info.num_classes)
+      elif d["num_classes"] < info.num_classes:
+        raise ConfigError(f"model.num_classes={d['num_classes']} is smaller than the data's {info.num_classes} "
+                          f"classes: the labels past it would train nothing. Set it to 0 to use the data's count.")
       if not d.get("num_channels"):
         d["num_channels"] = int(info.image_shape[-1])
   for key in ("vocab_size", "num_classes", "num_channels"):

@@ -29,6 +29,7 @@ class DataInfo:
   tokenizer_path: str = ""
   num_eval_examples: int = 0
   token_file: str = ""  # Text: the folder of the token file the batches are read from.
+  class_names: tuple[str, ...] = ()  # Images from a folder: the class of each label, in label order.
 
 
 def cache_dir(path: str) -> str:

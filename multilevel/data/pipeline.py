@@ -84,7 +84,7 @@ class BatchIterator:
 
   def __init__(self, num_examples: int, global_batch: int, make_batch: MakeBatch, *,
                seed: int, process_index: int, process_count: int, prefetch: int = 2, name: str = "data",
-               identity: str = ""):
+               identity: str = "", changed: str = "the corpus, tokenizer, seq_len or split changed"):
     self.num_examples = int(num_examples)
     self.global_batch = int(global_batch)
     self.batch_size = per_host_batch(global_batch, process_count)
@@ -95,6 +95,7 @@ class BatchIterator:
     self.seed = int(seed)
     self.name = name
     self.identity = str(identity)  # What the examples are (e.g. a token file's hash); '' = not recorded.
+    self.changed = changed  # What a different identity means, for the message.
     rows = slice(process_index * self.batch_size, (process_index + 1) * self.batch_size)
     self._sampler = _Sampler(self.num_examples, self.global_batch, make_batch, self.seed, rows)
     self._prefetch = max(0, int(prefetch))
@@ -167,15 +168,15 @@ class BatchIterator:
       epoch, step = int(state["epoch"]), int(state["step"])
     except (KeyError, TypeError, ValueError):
       raise ValueError(f"Not a data iterator state: {state!r}.") from None
+    if state.get("identity") and self.identity and state["identity"] != self.identity:
+      raise ValueError(f"The saved data state was made on other {self.name} data (identity {state['identity']}, this "
+                       f"pipeline's is {self.identity}): {self.changed}. Restore with the data and data config of "
+                       "the saved run.")
     for key in ("seed", "num_examples", "global_batch"):
       if key in state and int(state[key]) != getattr(self, key):
         raise ValueError(
             f"The saved data state has {key}={state[key]} but this pipeline has {key}={getattr(self, key)}; restore "
-            "with the same data config, seed and batch size.")
-    if state.get("identity") and self.identity and state["identity"] != self.identity:
-      raise ValueError(f"The saved data state was made on other {self.name} data (identity {state['identity']}, this "
-                       f"pipeline's is {self.identity}): the corpus, tokenizer, seq_len or split changed. Restore with "
-                       "the data config of the saved run.")
+            "with the same data, data config, seed and batch size.")
     if epoch < 0 or not 0 <= step < self.steps_per_epoch:
       raise ValueError(f"Data state out of range: epoch={epoch}, step={step} (steps_per_epoch={self.steps_per_epoch}).")
     self._join()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -147,16 +147,25 @@ def load_hf(source, *, config=None, architecture: str | None = None, **overrides
   return from_hf_state_dict(_read_weights(weights), cfg_src, architecture, **overrides)
 
 
-def save_hf(cfg: ModelConfig, params, out_dir: PathLike) -> Path:
+def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] | None = None) -> Path:
   """Writes ``config.json`` and ``model.safetensors`` to ``out_dir`` so that
-  ``transformers.AutoModelFor...from_pretrained(out_dir)`` (or the class in ``config.architectures``) loads it."""
+  ``transformers.AutoModelFor...from_pretrained(out_dir)`` (or the class in ``config.architectures``) loads it.
+  ``labels``: a classifier's class names in label order (its ``id2label``; ``LABEL_i`` without them)."""
   from safetensors.numpy import save_file
   out = Path(out_dir)
   if out.exists() and not out.is_dir():
     raise HFInteropError(f"{out} is a file: save_hf writes config.json and model.safetensors into a folder.")
+  hf_config = to_hf_config(cfg)
+  if labels:
+    labels = [str(x) for x in labels]
+    if "id2label" not in hf_config or len(labels) != cfg.num_classes or len(set(labels)) != len(labels):
+      raise HFInteropError(f"labels must name each of a classifier's {cfg.num_classes} classes once; got "
+                           f"{len(labels)} for a {cfg.family} model.")
+    hf_config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    hf_config["label2id"] = {name: i for i, name in enumerate(labels)}
   out.mkdir(parents=True, exist_ok=True)
   save_file(to_hf_state_dict(cfg, params), str(out / "model.safetensors"), metadata={"format": "pt"})
-  (out / "config.json").write_text(json.dumps(to_hf_config(cfg), indent=2, sort_keys=True) + "\n")
+  (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
   return out
 
 

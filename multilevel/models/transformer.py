@@ -74,7 +74,8 @@ def check_images(cfg: ModelConfig, images_BxHxWxC, model: str = "The model") -> 
   if images_BxHxWxC.ndim != 4 or tuple(images_BxHxWxC.shape[1:]) != want:
     raise ValueError(f"{model} expects images of shape (batch, {want[0]}, {want[1]}, {want[2]}) "
                      f"(image_size={cfg.image_size}, num_channels={cfg.num_channels}), got "
-                     f"{tuple(images_BxHxWxC.shape)}; resize the images or build the model for their size.")
+                     f"{tuple(images_BxHxWxC.shape)}; resize the images or build the model for their size (in a "
+                     f"run, model.num_channels=0 takes the channels from the data).")
 
 
 def vocab_logits(h_BxNxD, embedding_VxD, bias_V=None, dtype=jnp.float32):
