@@ -14,9 +14,12 @@ class Registry(Generic[T]):
     self._what, self._key = what, config_key
     self._items: dict[str, T] = {}
 
-  def register(self, item: T) -> T:
-    if item.name in self._items:
-      raise ValueError(f"{self._what} {item.name!r} is registered twice.")
+  def register(self, item: T, replace: bool = False) -> T:
+    """Adds ``item`` under ``item.name``; ``replace=True`` lets a new definition take a registered name (a module
+    re-run in a notebook), which is refused otherwise."""
+    if item.name in self._items and not replace:
+      raise ValueError(f"{self._what} {item.name!r} is registered twice (re-running its module, e.g. in a notebook? "
+                       f"register it with replace=True).")
     self._items[item.name] = item
     return item
 

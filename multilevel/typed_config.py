@@ -125,11 +125,19 @@ def section_from(cls, c: Any, section: str):
   """
   if isinstance(c, cls):
     return c
-  values = as_mapping(c, cls.__name__)
+  hook = getattr(cls, "__section_from__", None)  # A section that also takes keys it does not declare as fields.
+  if hook is not None:
+    return hook(c, section)
+  return fields_from(cls, as_mapping(c, cls.__name__), section)
+
+
+def fields_from(cls, values: Mapping[str, Any], section: str, more_keys: tuple[str, ...] = ()):
+  """``section_from``'s plain path: ``cls`` from the mapping ``values`` of its fields (``more_keys``: other keys the
+  section takes, listed among the valid ones when a key is unknown)."""
   names = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(values) - set(names))
   if unknown:
     raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(f'{section}.{k}' for k in unknown)}"
-                      f"; the valid keys are {', '.join(names)}.")
+                      f"; the valid keys are {', '.join(names + list(more_keys))}.")
   hints = typing.get_type_hints(cls)
   return cls(**{k: coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()})

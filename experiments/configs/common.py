@@ -25,6 +25,11 @@ def base_config(model_preset: str) -> ml_collections.ConfigDict:
   c.data = data_default()
   c.train = _section(TrainConfig())
   c.cycle = _section(CycleConfig())
+  from multilevel.cycles.config import plugin_options
+  from multilevel.cycles.plan import METHODS
+  for name in METHODS:  # Methods registered from outside the package (imported before this runs) with options.
+    if plugin_options(name) is not None:
+      c.cycle[name] = _section(plugin_options(name)())
   c.checkpoint = _section(CheckpointConfig())
   c.init_from = ""  # A Hugging Face checkpoint (directory or file) to start the target model from.
   c.progress = True

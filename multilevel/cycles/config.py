@@ -15,13 +15,24 @@ from multilevel.cycles.core import CoreConfig
 from multilevel.cycles.ligo import LigoConfig
 from multilevel.cycles.msg import MsgConfig
 from multilevel.cycles.mslt import MsltConfig
-from multilevel.cycles.plan import Plan, method_of
+from multilevel.cycles.plan import METHODS, Plan, method_of
 from multilevel.cycles.stack import GStackConfig, StackBertConfig
 from multilevel.models import ModelConfig
 from multilevel.operators.groups import DEPTH_MODES
 from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.train.config import TrainConfig
-from multilevel.typed_config import ConfigError, check_fields, section_from
+from multilevel.typed_config import ConfigError, as_mapping, check_fields, fields_from, section_from
+
+class MissingOptions(ConfigError, AttributeError):
+  """``cycle.<name>`` read for a name that is neither a field of CycleConfig nor a registered method's options."""
+
+
+def plugin_options(name: str) -> type | None:
+  """The options dataclass of the registered method ``name`` when it declares one outside ``CycleConfig``."""
+  if name not in METHODS or name in _FIELDS:
+    return None
+  return METHODS[name].options
+
 
 OPT_POLICIES = ("reset", "carry")
 FINAL_SCHEDULES = ("restart", "baseline_tail")
@@ -99,6 +110,39 @@ class CycleConfig:
   msg: MsgConfig = MsgConfig()
   core: CoreConfig = CoreConfig()
 
+  @classmethod
+  def __section_from__(cls, c, section: str) -> "CycleConfig":
+    """``section_from``'s hook: the fields, and the options section of a method registered with ``options``."""
+    values = as_mapping(c, cls.__name__)
+    extra = {k: values.pop(k) for k in list(values) if k not in _FIELDS and plugin_options(k) is not None}
+    plugins = tuple(sorted(k for k in METHODS if plugin_options(k) is not None))
+    out = fields_from(cls, values, section, more_keys=plugins)
+    object.__setattr__(out, "_plugin_options", {
+        k: section_from(plugin_options(k), v, f"{section}.{k}") for k, v in extra.items()})
+    return out
+
+  def __getattr__(self, name: str):
+    """``cycle.<name>`` of a method registered with ``options`` (not a field here): as the config set it, else its
+    defaults."""
+    if name.startswith("__") or name == "_plugin_options":
+      raise AttributeError(name)
+    given = self.__dict__.get("_plugin_options", {})
+    if name in given:
+      return given[name]
+    options = plugin_options(name)
+    if options is not None:
+      return options()
+    raise MissingOptions(f"cycle has no section {name!r}: a method defined outside this package declares its options "
+                         f"with register_method(Method(..., options=ItsOptionsDataclass)), and reads them as "
+                         f"cycle.{name}; registered methods: {', '.join(METHODS)}.")
+
+  def as_dict(self) -> dict:
+    """The section as JSON-able data: its fields, and the options of the chosen method when they are not a field."""
+    d = dataclasses.asdict(self)
+    if plugin_options(self.method) is not None:
+      d[self.method] = dataclasses.asdict(getattr(self, self.method))
+    return d
+
   def __post_init__(self):
     check_fields(self, "cycle")
     if self.levels < 1:
@@ -144,6 +188,9 @@ class CycleConfig:
                         f"{self.small_warmup_steps}.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CycleConfig))
 
 
 def build_plan(model: ModelConfig, cycle, train) -> Plan:

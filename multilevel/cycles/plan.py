@@ -11,6 +11,7 @@ loop, timing, evaluation, logging and checkpoints; the method stays out of them.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Callable, Mapping
 
 from multilevel.models import ModelConfig
@@ -61,6 +62,29 @@ class Plan:
   options: Any = None  # The method's typed options, read by its transitions.
   maps: tuple = ()  # Level maps between consecutive levels, for methods that use the operators' LevelMap.
   seed: int = 0  # The run's seed: transitions that draw random numbers fold it in.
+
+  def __post_init__(self):
+    """A plan's bookkeeping mistakes are refused here, naming the stage, rather than surfacing as shape errors in
+    a compiled step or an optimizer update."""
+    where = f"The {self.method!r} plan"
+    if not self.levels or not self.stages:
+      raise ValueError(f"{where} needs at least one level and one stage; got {len(self.levels)} and "
+                       f"{len(self.stages)}.")
+    for i, s in enumerate(self.stages):
+      if not isinstance(s, Stage):
+        raise TypeError(f"{where}: stage {i} is a {type(s).__name__}, not a Stage.")
+      if s.index != i:
+        raise ValueError(f"{where}: stage {i} has index {s.index}; a stage's index is its position in the plan (build "
+                         f"stages with keywords, Stage(index=..., level=..., ...), to keep index and level apart).")
+      for lvl in (s.level,) + tuple(s.held):
+        if not 0 <= lvl < len(self.levels):
+          raise ValueError(f"{where}: stage {s.name} names level {lvl}, but the plan has levels "
+                           f"0..{len(self.levels) - 1} (levels[0] is the target).")
+      if isinstance(s.steps, bool) or not isinstance(s.steps, numbers.Integral) or s.steps < 0:
+        raise ValueError(f"{where}: stage {s.name} has {s.steps!r} steps; a stage takes a whole number >= 0.")
+    if self.stages[0].enter != "init":
+      raise ValueError(f"{where}: the first stage enters by {self.stages[0].enter!r}; it must enter by 'init' (the "
+                       f"model's initialisation, or a checkpoint it starts from).")
 
   @property
   def total_steps(self) -> int:
@@ -118,12 +142,19 @@ class Transition:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """A growth method: ``build_plan(model, cycle, train) -> Plan`` and ``transition(plan, src, dst) -> Transition``."""
+  """A growth method: ``build_plan(model, cycle, train) -> Plan`` and ``transition(plan, src, dst) -> Transition``.
+
+  ``options``: the frozen dataclass of the method's own options, read as ``cycle.<name>`` (its defaults where a
+  config does not set them; ``--config.cycle.<name>.<key>=`` on the command line once the method is registered),
+  for a method defined outside this package. The methods of this package declare theirs as fields of
+  ``cycles.config.CycleConfig`` instead.
+  """
 
   name: str
   build_plan: Callable[..., Plan]
   transition: Callable[[Plan, Stage, Stage], Transition]
   description: str = ""
+  options: type | None = None
 
 
 METHODS: Registry[Method] = Registry("method", "cycle.method")

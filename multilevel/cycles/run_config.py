@@ -106,8 +106,8 @@ def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfi
 def resolved_config(run: RunConfig, model: ModelConfig) -> dict:
   """The JSON form of everything that determines the trained parameters (checked when a run resumes)."""
   d = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-  d = json.loads(json.dumps({k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in d.items()},
-                            default=str))
+  d = json.loads(json.dumps({k: v.as_dict() if isinstance(v, CycleConfig) else dataclasses.asdict(v)
+                             if dataclasses.is_dataclass(v) else v for k, v in d.items()}, default=str))
   d["model"] = json.loads(json.dumps(model.to_dict()))
   for key in NOT_RECORDED:
     parts = key.split(".")

@@ -109,6 +109,7 @@ def transition(runner: Host, state: TrainState, held: dict, src: Stage, dst: Sta
   out = t.run({"params": state.params, "opt_state": state.opt_state, "taken": {k: held[k] for k in t.takes}},
               compile_part)
   params, opt_state, probes = out["params"], out["opt_state"], {k: out[k] for k in t.probe_levels}
+  _check_fits(t, src, dst, plan, params, opt_state)
   held = {k: v for k, v in held.items() if k not in t.takes}
   held.update(out["put"])
   if tuple(sorted(held)) != plan.snapshots_before(dst.index):
@@ -119,6 +120,30 @@ def transition(runner: Host, state: TrainState, held: dict, src: Stage, dst: Sta
     runner.log_eval(runner.eval_fn(t.probe_levels[event]), tree, dst, g, event)
   runner.log_eval(runner.eval_fn(dst.level, dst.view), params, dst, g, t.final_event)
   return TrainState(params, opt_state), held
+
+
+def _check_fits(t: Transition, src: Stage, dst: Stage, plan: Plan, params, opt_state) -> None:
+  """Refuses a transition whose parameters or optimizer state do not fit the next stage (a method's mistake, e.g.
+  the previous stage's optimizer state carried into a grown model), before anything is evaluated or saved: otherwise
+  it surfaces as a broadcasting error inside the first optimizer update, after a checkpoint that holds it."""
+  cfg = plan.levels[dst.level]
+  want_params = dst.view.abstract(cfg)
+  want_opt = jax.eval_shape(dst.optim.build().init, dst.view.split(want_params)[0])
+  for what, got, want in (("parameters", params, want_params), ("optimizer state", opt_state, want_opt)):
+    got_leaves, got_def = jax.tree_util.tree_flatten_with_path(got)
+    want_leaves, want_def = jax.tree_util.tree_flatten_with_path(want)
+    if got_def != want_def:
+      wrong = f"its tree is {got_def}, where the stage's is {want_def}"
+    else:
+      wrong = next((f"{jax.tree_util.keystr(path)} is {tuple(a.shape)} {a.dtype} where the stage's is "
+                    f"{tuple(b.shape)} {b.dtype}" for (path, a), (_, b) in zip(got_leaves, want_leaves)
+                    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype), None)
+      if wrong is None:
+        continue
+    raise ValueError(f"Transition {t.name!r} into stage {dst.name} returns {what} that do not fit that stage's model "
+                     f"(L{cfg.num_layers}/d{cfg.width}/h{cfg.num_heads}): {wrong[:600]}. A transition returns the next "
+                     f"stage's parameters as its view holds them and an optimizer state made for them "
+                     f"(plan.fresh_optimizer(dst) makes a fresh one). Nothing was saved after stage {src.name}.")
 
 
 def _part_shardings(out: dict, t: Transition, plan: Plan, mesh, next_state) -> dict:
