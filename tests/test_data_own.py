@@ -203,3 +203,14 @@ def test_paragraphs_end_at_blank_lines_that_hold_spaces(tmp_path):
   tf = tokenfile.open_token_file(info.token_file)
   assert tf.num_documents == len(docs)  # datasets alone cuts at '\n\n' only: 6 documents.
   assert _first_document(info).strip() == docs[0]
+
+
+def test_a_vocab_size_beside_a_given_tokenizer_is_said_to_be_unused(tmp_path, monkeypatch):
+  path = tmp_path / "a.jsonl"
+  path.write_text("\n".join(json.dumps({"text": d}) for d in _docs()) + "\n")
+  tok = _make(_cfg(tmp_path, files=str(path))).tokenizer_path  # Trained here, vocab 300.
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
+  info = _make(_cfg(tmp_path, files=str(path), tokenizer=tok, vocab_size=1000))
+  assert info.vocab_size <= 300
+  assert any("data.vocab_size=1000 sizes a tokenizer trained here" in w for w in warned), warned

@@ -216,7 +216,11 @@ def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir
 
 def get_tokenizer(cfg: DataConfig, source: TextSource, model_family: str, cache_dir: str):
   if cfg.tokenizer:
-    return tokenizer_lib.load(cfg.tokenizer, model_family=model_family)
+    tok = tokenizer_lib.load(cfg.tokenizer, model_family=model_family)
+    if cfg.vocab_size != DataConfig.vocab_size and cfg.vocab_size != tok.vocab_size:
+      logging.warning("data.vocab_size=%d sizes a tokenizer trained here; data.tokenizer=%s is given and has %d "
+                      "tokens, which the model uses.", cfg.vocab_size, cfg.tokenizer, tok.vocab_size)
+    return tok
   kind = tokenizer_lib.resolve_type(cfg.tokenizer_type, model_family)
   path = tokenizer_lib.train_or_load_cached(
       source.documents, kind=kind, vocab_size=cfg.vocab_size,
