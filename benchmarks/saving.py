@@ -27,6 +27,7 @@ from absl import app, flags, logging
 
 from benchmarks import cli
 from benchmarks.variants import MODELS, VARIANTS  # noqa: F401  (also read as saving.VARIANTS)
+from multilevel.metrics import eval_curve, reach, value_at, wall_seconds  # noqa: F401  (saving.reach, ...)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -75,43 +76,8 @@ def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: in
   return override(c, overrides)
 
 
-def curve(records, target_only: bool = True):
-  """(flops, seconds, eval_loss) of evaluations; with target_only only those of the level-0 model."""
-  out = []
-  for r in records:
-    if "eval_loss" in r and "flops" in r and (not target_only or r["level"] == 0):
-      # Wall-clock cost: training steps plus the operators at level changes (neither compiles nor evaluations).
-      out.append((r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r["eval_loss"]))
-  return out
-
-
-def wall_seconds(summary: dict) -> float:
-  """A run's wall-clock cost: its training steps plus the level-change operators (compiles and evals excluded)."""
-  return summary["train_seconds"] + summary.get("transition_seconds", 0.0)
-
-
-def reach(points, target: float):
-  """FLOPs and seconds at which the curve first reaches ``target`` (linear between evaluations), else None."""
-  prev = None
-  for f, s, l in points:
-    if l <= target:
-      if prev is None or prev[2] == l:
-        return f, s
-      pf, ps, pl = prev
-      w = (pl - target) / (pl - l)
-      return pf + w * (f - pf), ps + w * (s - ps)
-    prev = (f, s, l)
-  return None
-
-
-def loss_at(points, flops: float):
-  """Scratch's eval loss at ``flops`` (linear between evaluations; clamped at the ends)."""
-  if flops <= points[0][0]:
-    return points[0][2]
-  for (f0, _, l0), (f1, _, l1) in zip(points, points[1:]):
-    if f0 <= flops <= f1:
-      return l0 + (l1 - l0) * (flops - f0) / max(f1 - f0, 1e-30)
-  return points[-1][2]
+# The curve readings live in the library (experiments.plot --table reads runs the same way).
+curve, loss_at = eval_curve, value_at
 
 
 def compare(scratch: dict, run: dict) -> dict:

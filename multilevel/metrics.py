@@ -65,8 +65,21 @@ class MetricsWriter:
     self._f = open(self.path, "a", encoding="utf-8")
     self.count = min(n, len(lines))
     if self._tb_dir is not None:
-      steps = [int(json.loads(ln).get("step", 0)) for ln in lines[:n]]
-      self._open_tb(purge_step=max(steps) + 1 if steps else 0)
+      kept = []
+      for number, ln in enumerate(lines[:n], 1):
+        try:
+          kept.append(json.loads(ln))
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{self.path}, record {number}, is not a JSON record ({e}): the file was edited or "
+                           f"damaged. Delete that line (or the file, losing the curve before the checkpoint) and run "
+                           f"the same command again.") from None
+      # Events from the last kept step on are hidden and that step's kept records written again: a transition at
+      # that step, logged again by the resumed run, then appears once.
+      last = max((int(r.get("step", 0)) for r in kept), default=-1)
+      self._open_tb(purge_step=max(last, 0))
+      for r in kept:
+        if int(r.get("step", 0)) == last:
+          self._tb_scalars(r)
 
   def write(self, record: dict[str, Any]) -> None:
     if not self.enabled:
@@ -77,10 +90,17 @@ class MetricsWriter:
     if self._tb_dir is not None:
       if self._tb is None:
         self._open_tb()
-      step = int(record.get("step", 0))
-      for k, v in record.items():
-        if isinstance(v, (int, float)) and k != "step":
-          self._tb.add_scalar(k, v, step)
+      self._tb_scalars(record)
+
+  def _tb_scalars(self, record: dict[str, Any]) -> None:
+    """A record's numbers as TensorBoard scalars at its step; an evaluation right after a transition (an ``after_*``
+    event: a model never trained in that form) under its own tag, ``eval_loss/after_decoalesce``, not on the curve."""
+    step = int(record.get("step", 0))
+    event = str(record.get("event", ""))
+    suffix = f"/{event}" if event.startswith("after_") else ""
+    for k, v in record.items():
+      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+        self._tb.add_scalar(k + suffix if k.startswith("eval_") else k, v, step)
 
   def flush(self) -> None:
     if self.enabled:
@@ -107,11 +127,67 @@ def _plain(v):
 
 
 def read_metrics(workdir: str) -> list[dict]:
+  """The records of ``workdir/metrics.jsonl``. A last line cut short (a crash or a full disk while writing it) is
+  left out with a warning; a damaged line before it is refused naming the file and the line."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"No metrics.jsonl in {workdir}: is it a multilevel run directory?")
   with open(path, encoding="utf-8") as f:
-    return [json.loads(ln) for ln in f if ln.strip()]
+    lines = [(i, ln) for i, ln in enumerate(f, 1) if ln.strip()]
+  out = []
+  for k, (number, line) in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if k == len(lines) - 1 and not line.endswith("\n"):
+        from absl import logging
+        logging.warning("%s: its last line (%d) is cut short and is left out (%s).", path, number, e)
+        break
+      raise ValueError(f"{path}, line {number}, is not a JSON record ({e}): the file was edited or damaged. Delete "
+                       f"that line to read the rest.") from None
+  return out
+
+
+def eval_curve(records, target_only: bool = True, metric: str = "eval_loss") -> list[tuple[float, float, float]]:
+  """(FLOPs, seconds, value) of the evaluations of a run's records (``read_metrics``), in order: with
+  ``target_only`` those of the target model (level 0) alone, as the savings are read. Seconds are the training
+  steps' plus the level changes' (``wall_seconds``); the evaluations logged right after a transition (``after_*``
+  events: models never trained in that form) have no FLOPs of their own and are left out."""
+  out = []
+  for r in records:
+    if metric in r and "flops" in r and (not target_only or r["level"] == 0):
+      out.append((r["flops"], r["train_seconds"] + r.get("transition_seconds", 0.0), r[metric]))
+  return out
+
+
+def wall_seconds(summary: dict) -> float:
+  """A run's wall-clock cost: its training steps plus the level-change operators (compiles and evals excluded)."""
+  return summary["train_seconds"] + summary.get("transition_seconds", 0.0)
+
+
+def reach(points, target: float):
+  """FLOPs and seconds at which the curve (``eval_curve``) first reaches ``target`` (linear between evaluations),
+  else None."""
+  prev = None
+  for f, s, v in points:
+    if v <= target:
+      if prev is None or prev[2] == v:
+        return f, s
+      pf, ps, pv = prev
+      w = (pv - target) / (pv - v)
+      return pf + w * (f - pf), ps + w * (s - ps)
+    prev = (f, s, v)
+  return None
+
+
+def value_at(points, flops: float):
+  """The curve's value at ``flops`` (linear between evaluations; clamped at the ends)."""
+  if flops <= points[0][0]:
+    return points[0][2]
+  for (f0, _, v0), (f1, _, v1) in zip(points, points[1:]):
+    if f0 <= flops <= f1:
+      return v0 + (v1 - v0) * (flops - f0) / max(f1 - f0, 1e-30)
+  return points[-1][2]
 
 
 def on_host(x) -> np.ndarray:

@@ -71,3 +71,35 @@ def test_resume_says_when_the_records_before_the_checkpoint_are_gone(tmp_path, c
   w.truncate(1)  # Nothing missing: no warning.
   w.close()
   assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_resume_at_a_transition_shows_its_evaluations_once_under_their_own_tags(tmp_path):
+  w = MetricsWriter(str(tmp_path))
+  w.truncate(0)
+  w.write({"step": 3, "level": 1, "train_loss": 6.0, "eval_loss": 5.9, "event": "end_of_stage"})
+  w.write({"step": 3, "level": 0, "eval_loss": 6.3, "event": "after_decoalesce"})  # Logged, then the run is killed.
+  w.close()
+  w = MetricsWriter(str(tmp_path))  # The checkpoint was taken before the transition: one record kept ...
+  w.truncate(1)
+  w.write({"step": 3, "level": 0, "eval_loss": 6.3, "event": "after_decoalesce"})  # ... the transition runs again.
+  w.write({"step": 5, "level": 0, "train_loss": 5.5, "eval_loss": 5.4})
+  w.close()
+  events = _events(os.path.join(tmp_path, "tensorboard"))
+  assert _visible(events, "eval_loss/after_decoalesce") == [(3, 6.3)]  # Once (it was shown twice).
+  assert _visible(events, "eval_loss") == [(3, 5.9), (5, 5.4)]  # The curve: no untrained model's loss on it.
+  assert _visible(events, "train_loss") == [(3, 6.0), (5, 5.5)]
+
+
+def test_a_line_cut_short_at_the_end_is_left_out_and_a_damaged_one_is_named(tmp_path):
+  import pytest
+  path = os.path.join(tmp_path, "metrics.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write('{"step": 1, "train_loss": 2.0}\n{"step": 2, "train_lo')
+  assert read_metrics(str(tmp_path)) == [{"step": 1, "train_loss": 2.0}]
+  with open(path, "w", encoding="utf-8") as f:
+    f.write('{"step": 1, "train_lo\n{"step": 2, "train_loss": 2.0}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 1, is not a JSON record .* Delete that line"):
+    read_metrics(str(tmp_path))
+  w = MetricsWriter(str(tmp_path))
+  with pytest.raises(ValueError, match=r"metrics.jsonl, record 1, is not a JSON record"):
+    w.truncate(2)

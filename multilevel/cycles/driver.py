@@ -348,6 +348,9 @@ class Runner:
         "params_sha256": params_digest(state.params),
         "data": self.info.description,
         "num_train_examples": self.info.num_train_examples,
+        # What each evaluation reads: data.max_eval_batches batches of the validation split, not all of it.
+        "eval_examples": len(self.eval_batches) * self.eval_batches.global_batch,
+        "num_eval_examples": self.info.num_eval_examples,
         "model": self.model.to_dict(),
     }
     if self.info.class_names:  # An image folder's class of each label (experiments.export names the HF labels so).
