@@ -35,7 +35,9 @@ class MetricsWriter:
         self._tb_dir = os.path.join(workdir, "tensorboard")
       except ImportError:
         pass
-    self._f = open(self.path, "a", encoding="utf-8") if enabled else None
+    # Line-buffered: each record reaches the file as it is logged, so a plot of a run in progress is current (the
+    # fsync waits for flush(), at checkpoints).
+    self._f = open(self.path, "a", encoding="utf-8", buffering=1) if enabled else None
 
   def _open_tb(self, purge_step: int | None = None) -> None:
     from tensorboardX import SummaryWriter
@@ -62,7 +64,7 @@ class MetricsWriter:
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join(ln + "\n" for ln in lines[:n]))
     os.replace(tmp, self.path)
-    self._f = open(self.path, "a", encoding="utf-8")
+    self._f = open(self.path, "a", encoding="utf-8", buffering=1)
     self.count = min(n, len(lines))
     if self._tb_dir is not None:
       kept = []

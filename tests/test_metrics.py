@@ -103,3 +103,10 @@ def test_a_line_cut_short_at_the_end_is_left_out_and_a_damaged_one_is_named(tmp_
   w = MetricsWriter(str(tmp_path))
   with pytest.raises(ValueError, match=r"metrics.jsonl, record 1, is not a JSON record"):
     w.truncate(2)
+
+
+def test_each_record_reaches_the_file_as_it_is_logged(tmp_path):
+  w = MetricsWriter(str(tmp_path), tensorboard=False)
+  w.write({"step": 1, "eval_loss": 3.0})
+  assert read_metrics(str(tmp_path)) == [{"step": 1, "eval_loss": 3.0}]  # Before any flush: a run in progress.
+  w.close()
