@@ -16,9 +16,11 @@ def fail(message: str) -> None:
   sys.exit(1)
 
 
-def one_line(main: Callable, expected: tuple, debug: Callable[[], bool] = lambda: False) -> Callable:
+def one_line(main: Callable, expected: tuple, debug: Callable[[], bool] = lambda: False,
+             interrupted: str = "") -> Callable:
   """``main`` for ``absl.app.run`` with the ``expected`` exception types reported by ``fail`` (an absl
-  ``UsageError`` among them prints its message alone, not the script's usage text); ``debug()`` true re-raises."""
+  ``UsageError`` among them prints its message alone, not the script's usage text); ``debug()`` true re-raises.
+  With ``interrupted``, Ctrl-C prints ``interrupted: <that>`` and exits with status 130 instead of a traceback."""
   def wrapped(argv):
     try:
       return main(argv)
@@ -26,4 +28,9 @@ def one_line(main: Callable, expected: tuple, debug: Callable[[], bool] = lambda
       if debug():
         raise
       fail(e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e))
+    except KeyboardInterrupt:
+      if debug() or not interrupted:
+        raise
+      print(f"interrupted: {interrupted}", file=sys.stderr, flush=True)
+      sys.exit(130)
   return wrapped

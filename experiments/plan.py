@@ -137,9 +137,32 @@ def main(argv):
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
-  ints = lambda xs, default: sorted({int(x) for x in xs} if xs else {max(1, round(f * steps)) for f in default})
-  target_pilots = ints(_TARGET_PILOTS.value, (0.0625, 0.125, 0.25))
-  small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0))
+  def ints(xs, default, flag):
+    try:
+      out = sorted({int(x) for x in xs} if xs else {max(1, round(f * steps)) for f in default})
+    except ValueError:
+      raise app.UsageError(f"--{flag} takes whole numbers of steps, got {xs}.") from None
+    if out and out[0] < 1:
+      raise app.UsageError(f"--{flag} takes positive numbers of steps, got {xs}.")
+    return out
+
+  target_pilots = ints(_TARGET_PILOTS.value, (0.0625, 0.125, 0.25), "target_pilots")
+  small_pilots = ints(_SMALL_PILOTS.value, (0.25, 0.5, 1.0), "small_pilots")
+  try:  # Every flag is checked before the first pilot trains: a pilot can take hours.
+    lr_scales = [float(x) for x in _LR_SCALES.value]
+  except ValueError:
+    raise app.UsageError(f"--lr_scales takes multiples of the target's peak LR (e.g. 2,4), got {_LR_SCALES.value}.")\
+        from None
+  if not lr_scales or not all(x > 0 for x in lr_scales):
+    raise app.UsageError(f"--lr_scales takes positive multiples of the target's peak LR, got {_LR_SCALES.value}.")
+  if _MAX_LEVELS.value not in (2, 3):
+    raise app.UsageError(f"--max_levels must be 2 or 3, got {_MAX_LEVELS.value}.")
+  if not _JUMP_FROM.value and not _JUMP.value >= 0:
+    raise app.UsageError(f"--handover_jump must be >= 0 nats, got {_JUMP.value}.")
+  for flag, files in (("target_from", _TARGET_FROM.value), ("small_from", _SMALL_FROM.value)):
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+      raise app.UsageError(f"--{flag}: no file {', '.join(missing)}.")
   if not _TARGET_FROM.value and len(target_pilots) < 2:
     raise app.UsageError(f"The target's pilots would run {target_pilots} steps: its frontier needs two budgets or "
                          f"more. Raise --steps (8 or more), or give --target_pilots two or more budgets.")
@@ -194,7 +217,7 @@ def main(argv):
     except ValueError as e:  # E.g. a width factor the heads cannot take.
       logging.warning("candidate %s: %s", name, e)
       continue
-    for scale in [float(x) for x in _LR_SCALES.value]:
+    for scale in lr_scales:
       for n in small_pilots:
         run(name, model, n, scale)
       for seed in seeds:
@@ -207,8 +230,6 @@ def main(argv):
   jump = measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
   if not jump >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {jump}.")
-  if _MAX_LEVELS.value not in (2, 3):
-    raise app.UsageError(f"--max_levels must be 2 or 3, got {_MAX_LEVELS.value}.")
   from multilevel.cycles.run_config import model_config
   target_model = model_config(base, None)
   shape = (target_model.num_layers, target_model.num_heads) if _MAX_LEVELS.value == 3 else None
@@ -336,4 +357,5 @@ if __name__ == "__main__":
   from experiments.errors import one_line
   from multilevel.checkpoint import CheckpointError
   sys.exit(app.run(one_line(main, (app.UsageError, ValueError, KeyError, OSError, CheckpointError),
-                            lambda: _DEBUG.value)))
+                            lambda: _DEBUG.value, interrupted="run the same command again: the finished pilots are "
+                            "read back, and the one that was training resumes from its last checkpoint.")))

@@ -23,6 +23,10 @@ class WorkdirLock:
   """Takes the lock on construction (raising ``WorkdirLockedError`` if it is held); ``release()`` gives it back."""
 
   def __init__(self, workdir: str, process_index: int = 0):
+    self._fd = None
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      raise NotADirectoryError(f"--workdir={workdir} is a file, not a folder: name a folder (it is created if "
+                               f"missing).")
     os.makedirs(workdir, exist_ok=True)
     name = ".lock" if process_index == 0 else f".lock.{process_index}"
     self.path = os.path.join(workdir, name)

@@ -65,6 +65,12 @@ def test_export_refuses_a_missing_run_and_a_file_as_out_in_one_line(tmp_path):
     (["--steps=0"], "--steps must be a positive number"),
     (["--steps=4"], r"The target's pilots would run \[1\] steps: its frontier needs two budgets"),
     (["--steps=40", "--set=train.stepz=3"], "^error: unknown key 'train.stepz'; valid keys of train: "),
+    (["--steps=40", "--lr_scales=abc"], r"--lr_scales takes multiples of the target's peak LR"),
+    (["--steps=40", "--lr_scales=-2"], r"--lr_scales takes positive multiples"),
+    (["--steps=40", "--small_pilots=0,40"], r"--small_pilots takes positive numbers of steps"),
+    (["--steps=40", "--max_levels=5"], r"--max_levels must be 2 or 3"),
+    (["--steps=40", "--handover_jump=-1"], r"--handover_jump must be >= 0 nats"),
+    (["--steps=40", "--small_from=nope.json"], r"--small_from: no file nope.json"),
 ])
 def test_plan_refuses_bad_arguments_in_one_line_before_any_pilot(tmp_path, args, match):
   import re
@@ -83,3 +89,23 @@ def test_an_override_of_the_wrong_type_says_what_the_key_takes(tmp_path, overrid
   line = _tool("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'w'}", override)
   assert line.startswith(expected), line
   assert not (tmp_path / "w").exists()
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  (tmp_path / "afile").write_text("")
+  proc = subprocess.run([sys.executable, "-m", "experiments.train", f"--config={ROOT}/experiments/configs/gpt.py:test",
+                         f"--workdir={tmp_path / 'afile'}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].endswith("is a file, not a folder: name a folder (it is created if "
+                                                        "missing).")
+
+
+def test_ctrl_c_in_the_planner_is_one_line(tmp_path):
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  proc = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", f"--workdir={tmp_path / 'p'}",
+                         "--steps=64", "--candidates=depth", "--lr_scales=2", "--max_levels=2"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "MULTILEVEL_FAULT": "step:2:sigint"})
+  assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith("interrupted: run the same command again: the finished pilots")
