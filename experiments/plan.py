@@ -250,6 +250,9 @@ def main(argv):
   record["plan"] = plan
   from multilevel.files import write_json_atomic, write_text_atomic  # Whole or not at all.
   write_json_atomic(os.path.join(work, "plan.json"), record)
+  if plan.get("no_overlap"):  # The search could not be done: a scratch config would read as the planner's choice.
+    raise app.UsageError(f"no hand-over could be priced for {', '.join(plan['no_overlap'])} (why: above), so no "
+                         f"plan_config.py was written; the pilots and plan.json in {work} are kept for the next try.")
   config_path = os.path.join(work, "plan_config.py")
   write_text_atomic(config_path, config_file(spec, sets, plan))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")

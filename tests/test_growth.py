@@ -382,3 +382,14 @@ def test_a_wsd_plan_says_how_much_of_its_saving_survives_a_higher_landing_and_a_
   tiny = planner.plan_vcycle(DECAYED, STEP, 8000, [early], wsd=wsd, margins=(0.001, 0.99))
   assert tiny["margins"][2]["saving"] == pytest.approx(tiny["predicted_saving"], abs=0.01)
   assert "margins" not in planner.plan_vcycle(DECAYED, STEP, 8000, [late])  # Bound pricing: no stable curves.
+
+
+def test_margins_priced_past_the_target_pilots_are_said_to_be_unknown():
+  """Past the target's longest pilot a margin is only 'at least' a trivial bound, the same in all three rows: the
+  plan says they are unknown, and does not call the plan fragile on them."""
+  early = candidate("depth", loglinear("d", 6.0, 3.5, 25 * STEP, 2.6), STEP / 2, {"cycle.width_factor": 1})
+  p = planner.plan_vcycle(DECAYED, STEP, 8000, [early], wsd=planner.Wsd(STABLE), margins=(0.05, 0.5))
+  past = {**p, "margins": [{**m, "at_least": True} for m in p["margins"]]}
+  text = planner.describe(past)
+  assert "the target's longest pilot ends before such a run would, so these are unknown" in text
+  assert "expect less than predicted" not in text and "expect less than predicted" in planner.describe(p)

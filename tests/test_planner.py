@@ -319,3 +319,32 @@ def test_a_candidates_files_pool_and_their_rates_are_rescaled_to_the_planned_run
   other.write_text(json.dumps({"level": 1, "base_lr": 4e-3, "model": {"model.num_layers": 3}, "runs": []}))
   with pytest.raises(ValueError, match="different models"):
     planner.candidate_from_bound(f"{paths[0]}+{other}")
+
+
+def test_no_smaller_model_alone_is_named_when_the_budget_is_past_the_target_pilots():
+  # Past the target's pilots the search's loss is only their lowest, not scratch's at the budget: a small model
+  # reaching it alone says nothing about matching scratch, so the note is left out.
+  small = Candidate("halve", loglinear("small", 6.0, 3.8, 25 * STEP, 2.0), STEP / 4, 4.0, {}, 0.0,
+                    {"model.num_layers": 1})
+  p = planner.plan_vcycle(TARGET, STEP, 8000, [small])
+  assert p["budget_beyond_pilots"] and p["smaller_model_alone"] is None
+  assert "trained alone" not in planner.describe(p)
+  assert "the hand-over is at the lowest loss the target's pilots reached" in planner.describe(p)
+
+
+def test_the_plan_command_writes_no_config_when_no_hand_over_could_be_priced(tmp_path):
+  import json
+  target = tmp_path / "saving.json"
+  target.write_text(json.dumps({"budgets": [
+      {"steps": round(f / STEP), "scratch": {"total_flops": f, "final_eval_loss": l}} for f, l in TARGET.points]}))
+  low = loglinear("low", 3.9, 3.5, 25 * STEP, 2.0)  # Every run ends below every loss the target's pilots reached.
+  level = tmp_path / "L1.json"
+  level.write_text(json.dumps({"level": 1, "set": {"cycle.width_factor": "1"}, "runs": [
+      {"steps": round(f / (STEP / 4)), "lr_scale": 4, "total_flops": f, "final_eval_loss": l} for f, l in low.points]}))
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  r = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=20000",
+                      f"--workdir={tmp_path / 'w'}", f"--target_from={target}", f"--small_from={level}"],
+                     cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 1 and "why scratch:" in r.stdout, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith("error: no hand-over could be priced for L1 width_factor=1")
+  assert (tmp_path / "w" / "plan.json").exists() and not (tmp_path / "w" / "plan_config.py").exists()

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 def _fragile(plan: dict) -> bool:
   """Whether less than half the predicted saving survives both margins: the target's stage has real work to do, and
-  the plans that looked so here measured well below their prediction (GPT at 42, LLaMA at 21 and 37 tokens/param)."""
-  m = plan["margins"][2]["saving"]
-  return m is None or m < plan["predicted_saving"] / 2
+  the plans that looked so here measured well below their prediction (GPT at 42, LLaMA at 21 and 37 tokens/param).
+  A margin priced only as 'at least' (past the target's longest pilot) says nothing either way."""
+  m = plan["margins"][2]
+  return not m.get("at_least") and (m["saving"] is None or m["saving"] < plan["predicted_saving"] / 2)
+
+
+_PAST_PILOTS = ("the target's longest pilot ends before such a run would, so these are unknown (a target pilot at the "
+                "budget, --target_pilots=...,STEPS, or --target_from prices them)")
 
 
 def _saving(p: dict) -> str:
@@ -40,19 +45,31 @@ def describe(plan: dict) -> str:
     else:
       lines.append(f"  {r['candidate']}: no hand-over pays (its frontier is nowhere cheaper, or does not overlap)")
   ends = next((r.get("curve_end") for r in plan["candidates"] if r.get("saving") == plan["predicted_saving"]), None)
+  if (not plan.get("pricing", "").startswith("WSD") and plan["budget_beyond_pilots"]
+          and plan.get("switch_loss") is not None and abs(plan["switch_loss"] - plan["target_loss"]) < 1e-9):
+    lines.append("  note: the hand-over is at the lowest loss the target's pilots reached, where the search stops: "
+                 "longer target pilots (--target_pilots) may move it")
   if ends:
     lines.append(f"  note: the chosen hand-over is at the end of {' and '.join(ends)} measured stable curve: a longer "
                  f"pilot of that model may find a later, better one")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
   seeds = plan.get("seed_predictions")
-  if seeds:
+  if seeds and all(p.get("at_least") for p in seeds):
+    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; each seed's own hand-over loss: " + ", ".join(
+        f"seed {p['seed'] if p['seed'] is not None else 'default'} "
+        + ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") for p in seeds)
+        + f"; their savings: {_PAST_PILOTS}")
+  elif seeds:
     cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + _saving(p)
     lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
                  f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
                                           for p in seeds) + ": a run of this plan may land anywhere in that spread")
   m = plan.get("margins")
-  if m:
+  if m and all(x.get("at_least") for x in m):
+    lines.append(f"  the margins (the target landing {m[0]['landing']:.3f} nats higher, learning at "
+                 f"{m[1]['rate_factor']:g}x the priced rate): {_PAST_PILOTS}")
+  elif m:
     lines.append(f"  if the target lands {m[0]['landing']:.3f} nats higher: {_saving(m[0])}; if it learns at "
                  f"{m[1]['rate_factor']:g}x the priced rate: {_saving(m[1])}; both: {_saving(m[2])}"
                  + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))

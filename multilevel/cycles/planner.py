@@ -216,7 +216,9 @@ def plan_vcycle(target: Frontier, target_step_flops: float, steps: int, candidat
     rows.append(row)
     if "saving" in row and (best is None or row["saving"] > best[1]["saving"]):
       best = (c, row)
-  smaller = _smaller_model_alone(candidates, target_loss, budget)
+  # A smaller model alone is priced against scratch at the budget; past the target's pilots target_loss is only
+  # their lowest loss, and reaching it says nothing about scratch's loss at the budget.
+  smaller = None if beyond else _smaller_model_alone(candidates, target_loss, budget)
   base = {"train.steps": steps}
   scope = {"handover_jump": jump, "budget_beyond_pilots": beyond,
            "pricing": "lossless bound on decayed frontiers" if wsd is None else
