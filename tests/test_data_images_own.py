@@ -193,3 +193,21 @@ def test_unreadable_images_say_why(tmp_path):
 def test_the_description_counts_what_is_trained_on(tmp_path):
   _, _, info = _make(_cfg(tmp_path, _folder(tmp_path / "f", n=10), val_fraction=0.5))
   assert "20 images in 2 classes (10 train / 10 validation: a seeded 50% validation split)" in info.description
+
+
+def test_the_normalisation_goes_with_an_exported_model(tmp_path):
+  pytest.importorskip("transformers")
+  import transformers
+
+  from experiments.export import _beside_the_weights
+  from multilevel import models as M
+  _, _, info = _make(_cfg(tmp_path, _folder(tmp_path / "f")))
+  assert len(info.image_mean) == len(info.image_std) == 3 and all(0 < s < 1 for s in info.image_std)
+  cfg = M.preset("deit-test")
+  summary = {"image_normalization": {"mean": list(info.image_mean), "std": list(info.image_std)}}
+  assert _beside_the_weights(summary, cfg, str(tmp_path)) == ["its image normalisation"]
+  processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path))
+  assert processor.image_mean == pytest.approx(list(info.image_mean)) and not processor.do_resize
+  pixels = np.full((cfg.image_size, cfg.image_size, 3), 255, np.uint8)
+  out = processor(pixels, return_tensors="np")["pixel_values"][0]  # Channels first, as HF's ViT reads them.
+  np.testing.assert_allclose(out[:, 0, 0], (1 - np.array(info.image_mean)) / np.array(info.image_std), rtol=1e-5)

@@ -63,3 +63,25 @@ def test_the_runner_has_what_transitions_and_resume_declare_they_need(runner_and
     names = set(host.__annotations__) | {n for n, v in vars(host).items() if callable(v) and not n.startswith("_")}
     assert {"plan", "steps_for"} <= names
     assert [n for n in sorted(names) if not hasattr(runner, n)] == [], host
+
+
+def test_a_text_run_from_a_checkpoint_reads_its_tokenizer(tmp_path, monkeypatch):
+  from absl import logging
+  from multilevel import models as M
+  from multilevel.cycles.driver import _data_for
+  from multilevel.cycles.run_config import RunConfig
+  run = RunConfig.from_config(tiny_config("gpt", levels=1))
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "model.safetensors").write_bytes(b"")
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
+  data = _data_for(dataclasses.replace(run, init_from=str(hf)), M.family_of("gpt"))
+  assert data.tokenizer == "" and "holds no tokenizer.json" in warned[0]  # It trains its own, and says so.
+  (hf / "tokenizer.json").write_text("{}")
+  for source in (hf, hf / "model.safetensors"):  # A folder, or a file in it.
+    assert _data_for(dataclasses.replace(run, init_from=str(source)), M.family_of("gpt")).tokenizer == str(
+        hf / "tokenizer.json")
+  given = dataclasses.replace(run, init_from=str(hf), data=dataclasses.replace(run.data, tokenizer="mine.json"))
+  assert _data_for(given, M.family_of("gpt")).tokenizer == "mine.json"  # One the user names wins.
+  assert _data_for(run, M.family_of("gpt")).tokenizer == ""  # No checkpoint: as before.

@@ -190,6 +190,19 @@ def test_a_finished_run_exports_from_its_workdir_and_an_unfinished_one_is_refuse
   c2, p2 = I.load_hf(tmp_path / "hf")
   assert c2 == cfg.replace(scan_unroll=0)  # The run's layer loop (tests/engine_util.py) is not in HF's config.
   assert_trees_equal(p2, params)
+  # The run's tokenizer and its end-of-document id go with the weights: AutoTokenizer reads the same ids, and
+  # generate knows where a document ends.
+  import json
+
+  import transformers
+  from tokenizers import Tokenizer
+  tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  ours = Tokenizer.from_file(summary["tokenizer"]["path"])
+  text = "Now is the winter of our discontent"
+  assert tok(text)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+  hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_config["eos_token_id"] == summary["tokenizer"]["eos_id"] == tok.eos_token_id
+  assert "with its tokenizer" in proc.stdout
   os.remove(os.path.join(work, "summary.json"))
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("error: No summary.json")

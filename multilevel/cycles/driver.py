@@ -16,6 +16,7 @@ checkpoint holds, in ``resume.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -41,6 +42,26 @@ from multilevel.workdir import WorkdirLock, WorkdirLockedError
 
 # What a user's config, data, checkpoint or machine can cause: the command line reports these in one line.
 EXPECTED_ERRORS = (ValueError, TypeError, OSError, CheckpointError, WorkdirLockedError, FloatingPointError)
+
+
+def _data_for(run, fam):
+  """The data config the run reads: a text run that starts from a Hugging Face checkpoint (``init_from``) with no
+  tokenizer of its own takes the checkpoint's ``tokenizer.json``, since the checkpoint's embedding rows mean that
+  tokenizer's ids; without one there, it trains a tokenizer as usual and says that the ids will not match."""
+  from multilevel.data import DataConfig
+  data = DataConfig.from_config(run.data, "data")
+  if not run.init_from or not fam.is_text or data.tokenizer or data.token_file:
+    return data
+  source = os.path.expanduser(run.init_from)
+  folder = source if os.path.isdir(source) else os.path.dirname(source)
+  found = os.path.join(folder, "tokenizer.json")
+  if os.path.isfile(found):
+    logging.info("Tokenizer: %s, the checkpoint's own (init_from); set data.tokenizer to use another.", found)
+    return dataclasses.replace(data, tokenizer=found)
+  logging.warning("init_from=%s holds no tokenizer.json, and data.tokenizer is not set: the run trains its own "
+                  "tokenizer, whose ids mean other text than the checkpoint's embedding rows learned. Set "
+                  "data.tokenizer to the checkpoint's tokenizer.json if it has one elsewhere.", run.init_from)
+  return data
 
 
 def _fault(point: str) -> None:
@@ -122,7 +143,7 @@ class Runner:
 
     fam = M.family_of(probe)
     self.train_iter, self.eval_batches, self.info = make_data(
-        run.data, kind=fam.modality, batch_size=tc.batch_size, seq_len=probe.max_len if fam.is_text else None,
+        _data_for(run, fam), kind=fam.modality, batch_size=tc.batch_size, seq_len=probe.max_len if fam.is_text else None,
         image_size=None if fam.is_text else probe.image_size, seed=tc.seed, model_family=probe.family)
     self._closers.append(self.train_iter.close)
     self.model = model_config(run, self.info)
@@ -353,8 +374,15 @@ class Runner:
         "num_eval_examples": self.info.num_eval_examples,
         "model": self.model.to_dict(),
     }
-    if self.info.class_names:  # An image folder's class of each label (experiments.export names the HF labels so).
+    # What travels with the weights (experiments.export writes it beside them): an image folder's class names, the
+    # images' normalisation, the tokenizer and its special ids.
+    if self.info.class_names:
       summary["class_names"] = list(self.info.class_names)
+    if self.info.image_mean:
+      summary["image_normalization"] = {"mean": list(self.info.image_mean), "std": list(self.info.image_std)}
+    if self.info.tokenizer_path:
+      summary["tokenizer"] = {"path": self.info.tokenizer_path, "eos_id": self.info.eos_id,
+                              "pad_id": self.info.pad_id, "mask_id": self.info.mask_id}
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
     self.state = state  # The final state, for a caller that inspects it (e.g. its shardings).

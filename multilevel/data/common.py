@@ -30,6 +30,8 @@ class DataInfo:
   num_eval_examples: int = 0
   token_file: str = ""  # Text: the folder of the token file the batches are read from.
   class_names: tuple[str, ...] = ()  # Images from a folder: the class of each label, in label order.
+  image_mean: tuple[float, ...] = ()  # Images: the per-channel normalisation the batches carry (of [0, 1] pixels).
+  image_std: tuple[float, ...] = ()
 
 
 def cache_dir(path: str) -> str:

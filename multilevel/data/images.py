@@ -423,5 +423,6 @@ def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, see
                  f"augment={mode}{'+flip' if flip and mode != 'none' else ''}")
   logging.info("Image data: %s", description)
   info = common.DataInfo(num_classes=data.num_classes, image_shape=(size, size, channels), class_names=data.class_names,
+                         image_mean=tuple(float(m) for m in mean), image_std=tuple(float(s) for s in std),
                          num_train_examples=data.train.size, num_eval_examples=data.eval.size, description=description)
   return train, evaluation, info

@@ -147,10 +147,13 @@ def load_hf(source, *, config=None, architecture: str | None = None, **overrides
   return from_hf_state_dict(_read_weights(weights), cfg_src, architecture, **overrides)
 
 
-def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] | None = None) -> Path:
+def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] | None = None,
+            token_ids: Mapping[str, int] | None = None) -> Path:
   """Writes ``config.json`` and ``model.safetensors`` to ``out_dir`` so that
   ``transformers.AutoModelFor...from_pretrained(out_dir)`` (or the class in ``config.architectures``) loads it.
-  ``labels``: a classifier's class names in label order (its ``id2label``; ``LABEL_i`` without them)."""
+  ``labels``: a classifier's class names in label order (its ``id2label``; ``LABEL_i`` without them).
+  ``token_ids``: the tokenizer's special ids for ``config.json`` (``eos_token_id``, ``bos_token_id``,
+  ``pad_token_id``), so that ``generate`` stops at the end of a document."""
   from safetensors.numpy import save_file
   out = Path(out_dir)
   if out.exists() and not out.is_dir():
@@ -163,6 +166,11 @@ def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] |
                            f"{len(labels)} for a {cfg.family} model.")
     hf_config["id2label"] = {str(i): name for i, name in enumerate(labels)}
     hf_config["label2id"] = {name: i for i, name in enumerate(labels)}
+  for key, value in (token_ids or {}).items():
+    if key not in ("eos_token_id", "bos_token_id", "pad_token_id") or not 0 <= int(value) < cfg.vocab_size:
+      raise HFInteropError(f"token_ids takes eos_token_id, bos_token_id and pad_token_id in [0, {cfg.vocab_size}); "
+                           f"got {key}={value}.")
+    hf_config[key] = int(value)
   out.mkdir(parents=True, exist_ok=True)
   save_file(to_hf_state_dict(cfg, params), str(out / "model.safetensors"), metadata={"format": "pt"})
   (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
