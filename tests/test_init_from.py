@@ -32,11 +32,17 @@ def test_init_from_loads_the_checkpoint_exactly(runner_and_dir):
 
 def test_init_from_a_checkpoint_of_another_shape_is_refused(runner_and_dir):
   runner, base = runner_and_dir
-  other = runner.plan.levels[0].replace(num_layers=3)
+  target = runner.plan.levels[0]
+  other = target.replace(num_layers=3, ln_eps=1e-6, vocab_size=target.vocab_size + 8)
   from multilevel import models as M
   save_hf(other, M.init_params(other, 0), str(base / "other"))
   run = dataclasses.replace(runner.config, init_from=str(base / "other"))
-  with pytest.raises(ValueError, match="must match the imported checkpoint"):
+  # Every difference at once, as flags to paste (it named one parameter's shape at a time, and never the epsilon).
+  with pytest.raises(ValueError, match=rf"is a gpt model with other settings than the model config: num_layers 3 "
+                                       rf"\(the config has {target.num_layers}\), vocab_size {other.vocab_size} .*"
+                                       rf"ln_eps 1e-06 \(the config has 1e-05\)\. Run with --config.model.num_layers=3 "
+                                       rf"--config.model.vocab_size={other.vocab_size} --config.model.ln_eps=1e-06 "
+                                       rf"\(and data.tokenizer set to the checkpoint's tokenizer\)"):
     initial_params(run, runner.plan, runner.mesh)
 
 
@@ -85,3 +91,16 @@ def test_a_text_run_from_a_checkpoint_reads_its_tokenizer(tmp_path, monkeypatch)
   given = dataclasses.replace(run, init_from=str(hf), data=dataclasses.replace(run.data, tokenizer="mine.json"))
   assert _data_for(given, M.family_of("gpt")).tokenizer == "mine.json"  # One the user names wins.
   assert _data_for(run, M.family_of("gpt")).tokenizer == ""  # No checkpoint: as before.
+
+
+def test_each_familys_settings_are_compared_as_the_model_uses_them():
+  from multilevel import models as M
+  from multilevel.cycles.transitions import checkpoint_differs
+  llama = M.preset("llama-test")
+  assert checkpoint_differs(llama.replace(num_kv_heads=llama.num_heads), llama.replace(num_kv_heads=0)) == {}
+  assert checkpoint_differs(llama.replace(num_kv_heads=1), llama)["num_kv_heads"] == (1, llama.kv_heads)
+  assert checkpoint_differs(llama.replace(ln_eps=llama.eps), llama.replace(ln_eps=-1)) == {}  # -1: the default.
+  deit = M.preset("deit-test")
+  other = deit.replace(num_classes=deit.num_classes + 3, image_size=deit.image_size * 2)
+  assert set(checkpoint_differs(other, deit)) == {"num_classes", "image_size"}
+  assert checkpoint_differs(M.preset("gpt-test"), deit) == {"family": ("gpt", "deit")}

@@ -129,7 +129,8 @@ def test_init_from_a_checkpoint_with_another_rotary_base_is_refused(tmp_path):
   cfg = M.preset("llama-test")
   I.save_hf(cfg.replace(rope_base=5e5), M.init_params(cfg, 0), tmp_path / "hf")
   run, plan = SimpleNamespace(init_from=str(tmp_path / "hf")), SimpleNamespace(levels=[cfg])
-  with pytest.raises(ValueError, match=r"rope_base=500000.0 in the checkpoint but 10000.0 in the config"):
+  with pytest.raises(ValueError, match=r"rope_base 500000.0 \(the config has 10000.0\)\. Run with "
+                                       r"--config.model.rope_base=500000.0"):
     initial_params(run, plan, mesh=None)
 
 
@@ -256,6 +257,7 @@ def test_init_from_a_checkpoint_with_llama3_rope_scaling_is_refused_by_a_plain_c
   cfg = M.preset("llama-test")
   I.save_hf(cfg.replace(**LLAMA3_OURS), M.init_params(cfg, 0), tmp_path / "hf")
   run, plan = SimpleNamespace(init_from=str(tmp_path / "hf")), SimpleNamespace(levels=[cfg])
-  with pytest.raises(ValueError, match=r"rope_scaling='llama3' in the checkpoint but '' in the config.*"
-                                        r"rope_original_max_len=256 in the checkpoint but 8192"):
+  with pytest.raises(ValueError, match=r"rope_scaling 'llama3' \(the config has ''\).*"
+                                        r"rope_original_max_len 256 \(the config has 8192\).*"
+                                        r"--config.model.rope_scaling=llama3"):
     initial_params(run, plan, mesh=None)

@@ -47,8 +47,26 @@ class Host(Protocol):
   def log_eval(self, eval_fn: Callable, params: Any, stage: Stage, g: int, event: str) -> dict: ...
 
 # Settings that change the function but no parameter's shape: an imported checkpoint's must equal the config's.
-UNSHAPED = ("eps", "rope_base", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-            "rope_original_max_len")
+
+def checkpoint_differs(imported: M.ModelConfig, target: M.ModelConfig) -> dict[str, tuple]:
+  """``{model key: (the checkpoint's value, the config's)}`` for each setting of the family that differs, the FFN
+  width, kv heads and epsilon compared as the model uses them (0 and -1 mean defaults)."""
+  if imported.family != target.family:
+    return {"family": (imported.family, target.family)}
+  fam = M.family_of(target)
+  keys = ["num_layers", "num_heads", "head_dim"]
+  keys += (["vocab_size", "max_len"] + (["type_vocab_size"] if target.family == "bert" else [])) if fam.is_text else \
+      ["image_size", "patch_size", "num_channels", "num_classes", "distill_token"]
+  if target.family == "llama":
+    keys += ["tie_embeddings", "rope_base", "rope_scaling"] + (
+        ["rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"]
+        if imported.rope_scaling or target.rope_scaling else [])
+  out = {k: (getattr(imported, k), getattr(target, k)) for k in keys if getattr(imported, k) != getattr(target, k)}
+  for key, prop in (("ffn_size", "ffn_dim"), ("num_kv_heads", "kv_heads"), ("ln_eps", "eps")):
+    a, b = getattr(imported, prop), getattr(target, prop)
+    if a != b:
+      out[key] = (a, b)
+  return out
 
 
 def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
@@ -64,20 +82,18 @@ def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
   from multilevel.interop import load_hf  # Imported here: only a run that starts from a checkpoint needs it.
   imported, params = load_hf(source)
   target = plan.levels[0]
+  differ = checkpoint_differs(imported, target)
+  if differ:  # Every setting at once, as flags to paste (a shape check alone names one parameter at a time).
+    said = ", ".join(f"{k} {a!r} (the config has {b!r})" for k, (a, b) in differ.items())
+    flags = " ".join(f"--config.model.{k}={a}" for k, (a, b) in differ.items())
+    raise ValueError(f"The checkpoint {source} is a {imported.family} model with other settings than the model "
+                     f"config: {said}. Run with {flags}" + (" (and data.tokenizer set to the checkpoint's tokenizer)"
+                                                          if "vocab_size" in differ else "") + ".")
   try:
     M.check_params(params, target, f"the checkpoint {source}")
   except ValueError as e:
-    raise ValueError(f"{e}\nThe model config must match the imported checkpoint (layers, heads, head_dim, "
-                     f"vocab_size, max_len; for llama also num_kv_heads, ffn_size, tie_embeddings); set "
-                     f"--config.model.* and data.tokenizer to the checkpoint's.") from e
-  # A mismatch of these would go unnoticed by the check above.
-  differ = {f: (getattr(imported, f), getattr(target, f)) for f in UNSHAPED
-            if getattr(imported, f) != getattr(target, f)}
-  if differ:
-    said = ", ".join(f"{f}={a!r} in the checkpoint but {b!r} in the config" for f, (a, b) in differ.items())
-    raise ValueError(f"The checkpoint {source} was trained with other settings than the model config: {said}. "
-                     f"Set --config.model.ln_eps / --config.model.rope_base (and the other "
-                     f"--config.model.rope_* settings) to the checkpoint's.")
+    raise ValueError(f"{e}\nThe model config must match the imported checkpoint; set --config.model.* to the "
+                     f"checkpoint's.") from e
   logging.info("Initialised the target model from %s.", source)
   return jax.device_put(params, param_shardings(target, mesh))
 
