@@ -26,6 +26,7 @@ import math
 import os
 import pprint
 import sys
+import time
 
 from absl import app, flags, logging
 
@@ -197,7 +198,7 @@ def main(argv):
   target_curve = None
   if _TARGET_FROM.value:
     try:
-      target, target_step, target_cost = planner.target_from_saving(_TARGET_FROM.value)
+      target, target_step, target_cost = planner.target_from_saving(_TARGET_FROM.value, base.model.family)
     except (ValueError, OSError) as e:
       raise app.UsageError(f"--target_from: {e}") from None
   else:
@@ -210,6 +211,9 @@ def main(argv):
     candidates = [planner.candidate_from_bound(p, lr, wsd) for p in _SMALL_FROM.value]
   except (ValueError, OSError) as e:
     raise app.UsageError(f"--small_from: {e}") from None
+  except (KeyError, TypeError) as e:
+    raise app.UsageError(f"--small_from: {', '.join(_SMALL_FROM.value)} is not a benchmarks.bound level-run file "
+                         f"(no {e})") from None
   for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):
     cycle = CANDIDATES[name]
     try:
@@ -246,7 +250,15 @@ def main(argv):
       plan = {**plan, "overrides": online_stop(plan["overrides"], points)}
     except ValueError as e:
       raise app.UsageError(f"--online_stop: {e}") from None
+  if (base.model.family == "bert" and int(plan["overrides"].get("cycle.levels", 1)) > 1
+          and "cycle.depth_growth" not in sets and base.cycle.depth_growth != "zero"):
+    # BERT's copy growth is not function-preserving after post-LN: the grown model jumped 5.19 -> 5.74 at T=2800
+    # (README, "The small stage must be its pilot"); the zero rule's jump was 0.014 nats. --set keeps a choice.
+    plan = {**plan, "overrides": {**plan["overrides"], "cycle.depth_growth": "zero"}}
   print(planner.describe(plan))
+  if plan["overrides"].get("cycle.depth_growth") == "zero" and base.cycle.depth_growth != "zero":
+    print("  BERT grows depth by the zero rule in this plan (its copy growth jumps at the hand-over after post-LN; "
+          "--set=cycle.depth_growth=copy keeps copies)")
   record["plan"] = plan
   from multilevel.files import write_json_atomic, write_text_atomic  # Whole or not at all.
   write_json_atomic(os.path.join(work, "plan.json"), record)
@@ -254,7 +266,7 @@ def main(argv):
     raise app.UsageError(f"no hand-over could be priced for {', '.join(plan['no_overlap'])} (why: above), so no "
                          f"plan_config.py was written; the pilots and plan.json in {work} are kept for the next try.")
   config_path = os.path.join(work, "plan_config.py")
-  write_text_atomic(config_path, config_file(spec, sets, plan))
+  write_text_atomic(config_path, config_file(spec, sets, plan, record["command"], os.path.join(work, "plan.json")))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
 
 
@@ -337,12 +349,18 @@ def measured_jump(workdirs: list[str], record: dict) -> float:
   return max(0.0, planner.mean_jump(jumps))
 
 
-def config_file(spec: str, sets: dict, plan: dict) -> str:
-  """A config file: the source config, the --set overrides, then the plan's."""
+def config_file(spec: str, sets: dict, plan: dict, command: str = "", plan_json: str = "") -> str:
+  """A config file: the source config, the --set overrides, then the plan's; its docstring says where it came from
+  (the command, the date, plan.json) and what it predicts."""
   path, _, arg = spec.partition(":")
   overrides = {**sets, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in plan["overrides"].items()}}
+  made = "".join(f"\n{line}" for line in (
+      f"Made {time.strftime('%Y-%m-%d %H:%M')} by: {command}" if command else "",
+      f"The plan with every candidate and pilot: {plan_json}" if plan_json else "",
+      f"It reads its source config, {os.path.abspath(path)}, when it runs: an edit there changes this plan too.") if line)
   return (f'"""Written by experiments.plan: {plan["method"]}, predicted saving '
-          f'{100 * plan["predicted_saving"]:+.1f}% vs scratch at train.steps={plan["overrides"]["train.steps"]}."""\n\n'
+          f'{100 * plan["predicted_saving"]:+.1f}% vs scratch at train.steps={plan["overrides"]["train.steps"]}.\n'
+          f'{made}\n"""\n\n'
           "import importlib.util\n\n"
           "from experiments.configs.common import override\n\n"
           f"SOURCE = {os.path.abspath(path)!r}\nARG = {arg!r}\nOVERRIDES = {pprint.pformat(overrides)}\n\n\n"

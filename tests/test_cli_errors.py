@@ -71,6 +71,10 @@ def test_export_refuses_a_missing_run_and_a_file_as_out_in_one_line(tmp_path):
     (["--steps=40", "--max_levels=5"], r"--max_levels must be 2 or 3"),
     (["--steps=40", "--handover_jump=-1"], r"--handover_jump must be >= 0 nats"),
     (["--steps=40", "--small_from=nope.json"], r"--small_from: no file nope.json"),
+    (["--steps=40", f"--target_from={ROOT}/benchmarks/results/deit_wsd_lr1e-3.json"],
+     r"--target_from: .*deit_wsd_lr1e-3.json holds deit runs, and the config is a gpt model"),
+    (["--steps=40", f"--target_from={ROOT}/benchmarks/results/checkpoint_cost.json"],
+     r"checkpoint_cost.json is not a benchmarks.saving result"),
 ])
 def test_plan_refuses_bad_arguments_in_one_line_before_any_pilot(tmp_path, args, match):
   import re

@@ -149,6 +149,22 @@ def test_the_plan_command_plans_from_benchmark_frontiers_and_its_config_loads(tm
   with open(tmp_path / "w" / "plan.json") as f:
     p = json.load(f)["plan"]
   assert c.cycle.width_factor == 1 and c.train.steps == 2000 and tuple(c.cycle.lr_scales) == (1.0, 4.0)
+  doc = module.__doc__
+  assert "Made " in doc and "by: python -m experiments.plan --config=" in doc and "plan.json" in doc
+  assert c.cycle.depth_growth == "zero"  # GPT's own default.
+  # BERT's config keeps the copy rule; its plan grows by the zero rule unless --set says otherwise.
+  bert_config = os.path.join(ROOT, "experiments", "configs", "bert.py") + ":test"
+  for extra, rule in (([], "zero"), (["--set=cycle.depth_growth=copy"], "copy")):
+    work = tmp_path / f"bert-{rule}"
+    r = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={bert_config}", "--steps=2000",
+                        f"--workdir={work}", f"--target_from={target}", f"--small_from={level}", *extra],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location(f"planned_{rule}", work / "plan_config.py")
+    planned = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(planned)
+    assert planned.get_config().cycle.depth_growth == rule
+    assert ("BERT grows depth by the zero rule" in r.stdout) == (rule == "zero")
   stages = build_plan(model_config(c, None), c.cycle, c.train).stages
   assert [s.steps for s in stages] == [p["small_steps"], p["big_steps"]]
   # Planned again with the jump an earlier run of it measured at its growth: a later hand-over, a smaller saving.

@@ -94,13 +94,28 @@ def candidate_from_runs(name: str, runs: Sequence[dict], cycle: dict | None = No
                    seed_stables)
 
 
-def target_from_saving(paths: Sequence[str]) -> tuple[Frontier, float, float]:
+def _saving_file(path: str, family: str | None) -> dict:
+  """A ``benchmarks.saving`` results file, refused when it is not one or is of another family than ``family``."""
+  try:
+    with open(path) as f:
+      d = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not JSON ({e}).") from None
+  if not isinstance(d, dict) or not isinstance(d.get("budgets"), list) or not all(
+      isinstance(b, dict) and "scratch" in b and "steps" in b for b in d["budgets"]):
+    raise ValueError(f"{path} is not a benchmarks.saving result (no 'budgets' with a 'scratch' run each).")
+  if family and d.get("family") and d["family"] != family:
+    raise ValueError(f"{path} holds {d['family']} runs, and the config is a {family} model: its frontier is another "
+                     f"model's.")
+  return d
+
+
+def target_from_saving(paths: Sequence[str], family: str | None = None) -> tuple[Frontier, float, float]:
   """The target's frontier, the FLOPs of one of its steps and the frontier's total cost, from the scratch runs in
-  ``benchmarks.saving`` results files."""
+  ``benchmarks.saving`` results files (of ``family`` where given)."""
   budgets = []
   for p in paths:
-    with open(p) as f:
-      budgets += json.load(f)["budgets"]
+    budgets += _saving_file(p, family)["budgets"]
   if not budgets:
     raise ValueError(f"no budgets in {list(paths)}")
   pts = tuple((b["scratch"]["total_flops"], b["scratch"]["final_eval_loss"]) for b in budgets)
