@@ -104,3 +104,18 @@ def test_each_familys_settings_are_compared_as_the_model_uses_them():
   other = deit.replace(num_classes=deit.num_classes + 3, image_size=deit.image_size * 2)
   assert set(checkpoint_differs(other, deit)) == {"num_classes", "image_size"}
   assert checkpoint_differs(M.preset("gpt-test"), deit) == {"family": ("gpt", "deit")}
+
+
+def test_a_run_from_a_checkpoint_evaluates_it_before_any_step(tmp_path):
+  """The imported model's loss is logged at step 0 (event 'imported'): a run's exported model, imported again,
+  scores what the run ended with."""
+  from multilevel.checkpoint import load_run
+  from multilevel.cycles.driver import train_and_evaluate
+  from multilevel.metrics import read_metrics
+  first = train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 8}), str(tmp_path / "a"))
+  save_hf(*load_run(str(tmp_path / "a")), str(tmp_path / "hf"))
+  train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 4, "init_from": str(tmp_path / "hf")}),
+                     str(tmp_path / "b"))
+  rec = read_metrics(str(tmp_path / "b"))[0]
+  assert (rec["step"], rec["event"]) == (0, "imported")
+  assert rec["eval_loss"] == pytest.approx(first["final_eval_loss"], abs=1e-5)

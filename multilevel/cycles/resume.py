@@ -51,6 +51,10 @@ class Host(Protocol):
 
   def save(self, state: TrainState, held: dict) -> None: ...
 
+  def eval_fn(self, level: int, view=FULL) -> Any: ...
+
+  def log_eval(self, eval_fn, params, stage: Stage, g: int, event: str) -> dict: ...
+
 
 def checkpoint(runner: Host, state: TrainState, held: dict) -> tuple[dict, dict]:
   """The tree and the meta record that save the run where it stands (``restore`` reads them back)."""
@@ -121,6 +125,8 @@ def fresh(runner: Host) -> tuple[TrainState, dict]:
   state = steps.init_state(params)
   runner.pos = RunPosition()
   runner.writer.truncate(0)
+  if runner.config.init_from:  # What the imported model scores before any step: its function kept, or not.
+    runner.log_eval(runner.eval_fn(stage.level, stage.view), state.params, stage, 0, "imported")
   runner.save(state, {})
   runner.ckpt.wait()
   if runner.is_main:
