@@ -36,45 +36,13 @@ def main(argv):
     ids = {k: tok[i] for k, i in (("eos_token_id", "eos_id"), ("bos_token_id", "eos_id"), ("pad_token_id", "pad_id"))
            if isinstance(tok.get(i), int) and 0 <= tok[i] < cfg.vocab_size}  # Documents start after an <eos>.
     out = interop.save_hf(cfg, params, out, labels=summary.get("class_names"), token_ids=ids)
-    written = _beside_the_weights(summary, cfg, str(out))
+    written = interop.save_inputs(str(out), cfg, summary)
   except (CheckpointError, ValueError, ImportError) as e:
     fail(str(e))
   except OSError as e:
     fail(f"Cannot write the model to --out={out}: {e.strerror or e} ({e.filename or out}).")
   print(f"{cfg.family} model ({cfg.num_layers} layers, width {cfg.width}) written to {out}"
         + (f", with {' and '.join(written)}" if written else ""))
-
-
-def _beside_the_weights(summary: dict, cfg, out: str) -> list[str]:
-  """What the run's inputs need besides the weights: its tokenizer (tokenizer.json with a tokenizer_config.json,
-  for AutoTokenizer) or its images' normalisation (preprocessor_config.json, for AutoImageProcessor)."""
-  written = []
-  tok = summary.get("tokenizer") or {}
-  if tok.get("path") and os.path.isfile(tok["path"]):
-    from tokenizers import Tokenizer
-    t = Tokenizer.from_file(tok["path"])
-    t.save(os.path.join(out, "tokenizer.json"))
-    names = {"eos_token": tok.get("eos_id"), "pad_token": tok.get("pad_id"), "mask_token": tok.get("mask_id")}
-    special = {k: t.id_to_token(i) for k, i in names.items() if isinstance(i, int) and i >= 0}
-    if special.get("eos_token"):
-      special["bos_token"] = special["eos_token"]
-    _write_json(os.path.join(out, "tokenizer_config.json"), {
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_len, **special})
-    written.append("its tokenizer")
-  norm = summary.get("image_normalization")
-  if norm:
-    _write_json(os.path.join(out, "preprocessor_config.json"), {
-        "image_processor_type": "ViTImageProcessor", "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": norm["mean"], "image_std": norm["std"],
-        "do_resize": False, "size": {"height": cfg.image_size, "width": cfg.image_size}})
-    written.append("its image normalisation")
-  return written
-
-
-def _write_json(path: str, d: dict) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(d, f, indent=2, sort_keys=True)
-    f.write("\n")
 
 
 if __name__ == "__main__":

@@ -199,13 +199,13 @@ def test_the_normalisation_goes_with_an_exported_model(tmp_path):
   pytest.importorskip("transformers")
   import transformers
 
-  from experiments.export import _beside_the_weights
+  from multilevel import interop
   from multilevel import models as M
   _, _, info = _make(_cfg(tmp_path, _folder(tmp_path / "f")))
   assert len(info.image_mean) == len(info.image_std) == 3 and all(0 < s < 1 for s in info.image_std)
   cfg = M.preset("deit-test")
   summary = {"image_normalization": {"mean": list(info.image_mean), "std": list(info.image_std)}}
-  assert _beside_the_weights(summary, cfg, str(tmp_path)) == ["its image normalisation"]
+  assert interop.save_inputs(tmp_path, cfg, summary) == ["its image normalisation"]
   processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path))
   assert processor.image_mean == pytest.approx(list(info.image_mean)) and not processor.do_resize
   pixels = np.full((cfg.image_size, cfg.image_size, 3), 255, np.uint8)

@@ -177,6 +177,37 @@ def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] |
   return out
 
 
+def save_inputs(out_dir: PathLike, cfg: ModelConfig, summary: Mapping) -> list[str]:
+  """Writes beside exported weights what a run's inputs need, from its ``summary.json``: its tokenizer
+  (``tokenizer.json`` with a ``tokenizer_config.json`` that ``AutoTokenizer`` reads) or its images' normalisation
+  (``preprocessor_config.json`` for ``AutoImageProcessor``). Returns what it wrote, in words."""
+  out, written = Path(out_dir), []
+  tok = summary.get("tokenizer") or {}
+  if tok.get("path") and os.path.isfile(tok["path"]):
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_file(tok["path"])
+    t.save(str(out / "tokenizer.json"))
+    names = {"eos_token": tok.get("eos_id"), "pad_token": tok.get("pad_id"), "mask_token": tok.get("mask_id")}
+    special = {k: t.id_to_token(i) for k, i in names.items() if isinstance(i, int) and i >= 0}
+    if special.get("eos_token"):
+      special["bos_token"] = special["eos_token"]  # Documents start after an end-of-document token.
+    _write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                "model_max_length": cfg.max_len, **special})
+    written.append("its tokenizer")
+  norm = summary.get("image_normalization")
+  if norm:
+    _write_json(out / "preprocessor_config.json", {
+        "image_processor_type": "ViTImageProcessor", "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": list(norm["mean"]), "image_std": list(norm["std"]),
+        "do_resize": False, "size": {"height": cfg.image_size, "width": cfg.image_size}})
+    written.append("its image normalisation")
+  return written
+
+
+def _write_json(path: Path, d: Mapping) -> None:
+  path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
 def to_hf_model(cfg: ModelConfig, params):
   """The ``transformers`` model (eval mode, float32) equivalent to ``(cfg, params)``; needs torch and
   transformers. Goes through ``save_hf`` so it is exactly what ``from_pretrained`` gives."""
