@@ -35,6 +35,7 @@ def main(argv):
     tok = summary.get("tokenizer") or {}
     ids = {k: tok[i] for k, i in (("eos_token_id", "eos_id"), ("bos_token_id", "eos_id"), ("pad_token_id", "pad_id"))
            if isinstance(tok.get(i), int) and 0 <= tok[i] < cfg.vocab_size}  # Documents start after an <eos>.
+    interop.check_inputs(summary)  # Before any file is written.
     out = interop.save_hf(cfg, params, out, labels=summary.get("class_names"), token_ids=ids)
     written = interop.save_inputs(str(out), cfg, summary)
   except (CheckpointError, ValueError, ImportError) as e:

@@ -375,8 +375,9 @@ def config_file(spec: str, sets: dict, plan: dict, command: str = "", plan_json:
 
 
 if __name__ == "__main__":
-  from experiments.errors import one_line
+  from experiments.errors import config_folder_on_path, one_line
   from multilevel.checkpoint import CheckpointError
+  config_folder_on_path(sys.argv)
   sys.exit(app.run(one_line(main, (app.UsageError, ValueError, KeyError, OSError, CheckpointError),
                             lambda: _DEBUG.value, interrupted="run the same command again: the finished pilots are "
                             "read back, and the one that was training resumes from its last checkpoint.")))

@@ -4,9 +4,10 @@
 
 Each run's target model (level 0) is the solid line with a marker at each evaluation, read as the savings in the
 README are read (``multilevel.metrics.eval_curve``); the faint dashed line is the whole run, its smaller models'
-evaluations included, and a dotted vertical line marks each change of level. Seconds are the training steps' plus the level changes'
-(compiles and evaluations excluded). ``--table`` prints, for each run, the FLOPs and seconds it took to reach the
-first run's final value and its value at the first run's total FLOPs.
+evaluations included, and a dotted vertical line on the FLOPs axis marks each change of level. Seconds are the
+training steps' plus the level changes' (compiles and evaluations excluded). ``--table`` prints, for each run, the FLOPs and seconds it took
+to reach the first run's final value, and its final value beside the first run's at the same FLOPs ('-' where that
+lies outside the first run's curve). A run without a summary.json is labelled in progress: its "final" is its latest.
 """
 
 import json
@@ -42,10 +43,12 @@ def _run_info(workdir: str) -> dict:
 
 def _label(workdir: str, info: dict) -> str:
   name = os.path.basename(os.path.normpath(workdir))
+  running = "" if os.path.exists(os.path.join(workdir, "summary.json")) else ", in progress"
   if not info.get("method"):
-    return name
+    return name + (f" ({running[2:]})" if running else "")
   scratch = info["method"] == "vcycle" and info.get("levels") == 1
-  return f"{name} (scratch)" if scratch else f"{name} ({info['method']}, {info.get('levels')} levels)"
+  return (f"{name} (scratch{running})" if scratch else
+          f"{name} ({info['method']}, {info.get('levels')} levels{running})")
 
 
 def _changes(records) -> list[float]:
@@ -123,7 +126,8 @@ def table(curves, metric="eval_loss") -> str:
       cost = f"{'not reached':>11} {'':>8} {'':>9} {'':>8}"
     else:
       cost = f"{hit[0]:>11.3g} {hit[0] / budget:>8.2f} {hit[1]:>9.1f} {hit[1] / base[-1][1]:>8.2f}"
-    lines.append(f"{label[:40]:<40} {cost} {pts[-1][2]:>9.4f} {first:>9.4f}")
+    first_cell = "-" if first != first else f"{first:.4f}"  # NaN: this run ends outside the first run's curve.
+    lines.append(f"{label[:40]:<40} {cost} {pts[-1][2]:>9.4f} {first_cell:>9}")
   return "\n".join(lines)
 
 

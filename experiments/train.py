@@ -158,4 +158,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from experiments.errors import config_folder_on_path
+  config_folder_on_path(sys.argv)
   app.run(main, flags_parser=_parse_flags)

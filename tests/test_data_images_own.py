@@ -207,7 +207,15 @@ def test_the_normalisation_goes_with_an_exported_model(tmp_path):
   summary = {"image_normalization": {"mean": list(info.image_mean), "std": list(info.image_std)}}
   assert interop.save_inputs(tmp_path, cfg, summary) == ["its image normalisation"]
   processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path))
-  assert processor.image_mean == pytest.approx(list(info.image_mean)) and not processor.do_resize
+  assert processor.image_mean == pytest.approx(list(info.image_mean))
   pixels = np.full((cfg.image_size, cfg.image_size, 3), 255, np.uint8)
   out = processor(pixels, return_tensors="np")["pixel_values"][0]  # Channels first, as HF's ViT reads them.
   np.testing.assert_allclose(out[:, 0, 0], (1 - np.array(info.image_mean)) / np.array(info.image_std), rtol=1e-5)
+  # A larger, non-square image is fitted as training fitted it: short side resized, then a centre crop.
+  from multilevel.data.images import fit_image
+  yy, xx = np.mgrid[0:cfg.image_size * 3, 0:cfg.image_size * 6]  # Smooth, and an exact 1/3 scale.
+  big = np.stack([xx * 255 // xx.max(), yy * 255 // yy.max(), (xx + yy) * 255 // (xx + yy).max()], -1).astype(np.uint8)
+  got = processor(big, return_tensors="np")["pixel_values"][0]
+  want = (fit_image(big, cfg.image_size, True) / 255.0 - np.array(info.image_mean)) / np.array(info.image_std)
+  assert got.shape == (3, cfg.image_size, cfg.image_size)
+  assert np.abs(got.transpose(1, 2, 0) - want).mean() < 0.05  # Resampling filters differ slightly.

@@ -66,11 +66,12 @@ def test_rows_without_a_text_are_counted_in_a_warning_and_named_when_none_has_on
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
   _make(_cfg(tmp_path, files=str(path)))
   assert len(warned) == 1, warned  # Read twice (tokenizer, token file), said once.
-  assert "skipped 4 row(s) whose field 'text' is not a text: 2 missing or null (first at row 41), 1 a int (first " \
-         "at row 43), 1 a list (first at row 44)" in warned[0]
+  assert "skipped 4 row(s) whose field 'text' is not a text: 2 missing or null (first at row 41), 1 of type int " \
+         "(first at row 43), 1 of type list (first at row 44)" in warned[0]
   nums = tmp_path / "nums.jsonl"
   nums.write_text("\n".join(json.dumps({"text": i}) for i in range(5)) + "\n")
-  with pytest.raises(ValueError, match=r"no row holds a text in field 'text'; it holds 5 a int \(first at row 1\)\. "
+  with pytest.raises(ValueError, match=r"The json file .*nums.jsonl: no row holds a text in field 'text'; it holds 5 "
+                                       r"of type int \(first at row 1\)\. "
                                        r"Set data.text_field"):
     _make(_cfg(tmp_path, files=str(nums)))
 

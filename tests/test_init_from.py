@@ -100,6 +100,13 @@ def test_each_familys_settings_are_compared_as_the_model_uses_them():
   assert checkpoint_differs(llama.replace(num_kv_heads=llama.num_heads), llama.replace(num_kv_heads=0)) == {}
   assert checkpoint_differs(llama.replace(num_kv_heads=1), llama)["num_kv_heads"] == (1, llama.kv_heads)
   assert checkpoint_differs(llama.replace(ln_eps=llama.eps), llama.replace(ln_eps=-1)) == {}  # -1: the default.
+  gpt = M.preset("gpt-test")
+  wide = gpt.replace(num_heads=gpt.num_heads * 2, ffn_ratio=2)  # Its FFN is as wide as the checkpoint's, by chance.
+  assert checkpoint_differs(gpt, wide) == {"num_heads": (gpt.num_heads, wide.num_heads),
+                                           "ffn_size": (gpt.ffn_dim, 2 * gpt.width)}  # At the corrected width.
+  assert "num_kv_heads" not in checkpoint_differs(gpt, gpt.replace(num_heads=gpt.num_heads * 2))  # Not a GPT key.
+  fixed = wide.replace(**{k: a for k, (a, _) in checkpoint_differs(gpt, wide).items()})
+  assert checkpoint_differs(gpt, fixed) == {}  # The suggested flags make the config the checkpoint's.
   deit = M.preset("deit-test")
   other = deit.replace(num_classes=deit.num_classes + 3, image_size=deit.image_size * 2)
   assert set(checkpoint_differs(other, deit)) == {"num_classes", "image_size"}

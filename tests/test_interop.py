@@ -203,6 +203,15 @@ def test_a_finished_run_exports_from_its_workdir_and_an_unfinished_one_is_refuse
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert hf_config["eos_token_id"] == summary["tokenizer"]["eos_id"] == tok.eos_token_id
   assert "with its tokenizer" in proc.stdout
+  ours.encode_special_tokens = True  # As the run's token files encode a special token written in a text.
+  assert tok("to <eos> be")["input_ids"] == ours.encode("to <eos> be", add_special_tokens=False).ids
+  # The run keeps its tokenizer in its workdir (a cache can be cleared); without it, nothing is exported.
+  assert summary["tokenizer"]["path"] == os.path.join(work, "tokenizer.json")
+  os.remove(summary["tokenizer"]["path"])
+  cmd2 = cmd[:-1] + [f"--out={tmp_path / 'hf2'}"]
+  gone = subprocess.run(cmd2, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert gone.returncode == 1 and "tokenizer.json is gone, and the model is no use without it" in gone.stderr
+  assert not (tmp_path / "hf2").exists()
   os.remove(os.path.join(work, "summary.json"))
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("error: No summary.json")

@@ -126,8 +126,9 @@ def test_a_transition_that_keeps_the_small_models_optimizer_state_is_refused_bef
 @pytest.mark.slow
 def test_a_method_from_the_users_own_module_runs_from_the_command_line(tmp_path):
   """A config file that imports the method's module: --config.cycle.<name>.<key>= works as for the package's."""
+  (tmp_path / "my_method.py").write_text("from tests.test_method_plugin import HALFSTACK  # registers it\n")
   (tmp_path / "my_config.py").write_text(
-      "import tests.test_method_plugin  # registers 'halfstack'\n"
+      "import my_method  # beside this file, as a user keeps them\n"
       "from experiments.configs import gpt\n"
       "def get_config(arg):\n"
       "  return gpt.get_config(arg)\n")

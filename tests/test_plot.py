@@ -58,3 +58,15 @@ def test_a_run_with_one_evaluation_or_without_the_metric(tmp_path):
   small_only = _run(tmp_path / "small", [_rec(10, 1, 4.0, 0.6, 3.5)])
   with pytest.raises(ValueError, match="has no evaluations of its target model"):
     plot.plot_runs([small_only], str(tmp_path / "s.png"))
+
+
+def test_a_run_in_progress_is_labelled_and_values_off_the_first_curve_are_a_dash(tmp_path):
+  scratch = _run(tmp_path / "scratch", SCRATCH, levels=1)
+  running = str(tmp_path / "running")
+  os.makedirs(running)
+  with open(os.path.join(running, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    f.write(json.dumps(_rec(50, 0, 50.0, 5.0, 2.9)) + "\n")  # No summary.json yet; past scratch's 40 FLOPs.
+  _, curves = plot.plot_runs([scratch, running], str(tmp_path / "c.png"))
+  assert curves[1][0] == "running (in progress)"
+  row = plot.table(curves).splitlines()[3].split()
+  assert row[-2:] == ["2.9000", "-"], row

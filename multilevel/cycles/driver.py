@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import time
 
 import jax
@@ -143,7 +144,8 @@ class Runner:
 
     fam = M.family_of(probe)
     self.train_iter, self.eval_batches, self.info = make_data(
-        _data_for(run, fam), kind=fam.modality, batch_size=tc.batch_size, seq_len=probe.max_len if fam.is_text else None,
+        _data_for(run, fam), kind=fam.modality, batch_size=tc.batch_size,
+        seq_len=probe.max_len if fam.is_text else None,
         image_size=None if fam.is_text else probe.image_size, seed=tc.seed, model_family=probe.family)
     self._closers.append(self.train_iter.close)
     self.model = model_config(run, self.info)
@@ -381,8 +383,12 @@ class Runner:
     if self.info.image_mean:
       summary["image_normalization"] = {"mean": list(self.info.image_mean), "std": list(self.info.image_std)}
     if self.info.tokenizer_path:
-      summary["tokenizer"] = {"path": self.info.tokenizer_path, "eos_id": self.info.eos_id,
-                              "pad_id": self.info.pad_id, "mask_id": self.info.mask_id}
+      kept = os.path.join(self.workdir, "tokenizer.json")  # The run's own copy: a cache can be cleared.
+      if self.is_main and os.path.isfile(self.info.tokenizer_path):
+        shutil.copyfile(self.info.tokenizer_path, kept + ".tmp")
+        os.replace(kept + ".tmp", kept)
+      summary["tokenizer"] = {"path": kept, "eos_id": self.info.eos_id, "pad_id": self.info.pad_id,
+                              "mask_id": self.info.mask_id}
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
     self.state = state  # The final state, for a caller that inspects it (e.g. its shardings).

@@ -62,8 +62,12 @@ def checkpoint_differs(imported: M.ModelConfig, target: M.ModelConfig) -> dict[s
         ["rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"]
         if imported.rope_scaling or target.rope_scaling else [])
   out = {k: (getattr(imported, k), getattr(target, k)) for k in keys if getattr(imported, k) != getattr(target, k)}
-  for key, prop in (("ffn_size", "ffn_dim"), ("num_kv_heads", "kv_heads"), ("ln_eps", "eps")):
-    a, b = getattr(imported, prop), getattr(target, prop)
+  # The derived ones, on the config as corrected so far (the FFN width follows the heads' width unless set).
+  fixed = target.replace(**{k: a for k, (a, _) in out.items()})
+  derived = (("ffn_size", "ffn_dim"), ("ln_eps", "eps")) + ((("num_kv_heads", "kv_heads"),)
+                                                            if target.family == "llama" else ())
+  for key, prop in derived:
+    a, b = getattr(imported, prop), getattr(fixed, prop)
     if a != b:
       out[key] = (a, b)
   return out

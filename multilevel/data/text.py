@@ -75,7 +75,7 @@ def _rows_to_texts(dataset, text_field: str, what: str, max_documents: int) -> I
                        "holding the text.")
     text = row[text_field]
     if not isinstance(text, str):
-      kind = "missing or null" if text is None else f"a {type(text).__name__}"
+      kind = "missing or null" if text is None else f"of type {type(text).__name__}"
       skipped[kind] = skipped.get(kind, 0) + 1
       first.setdefault(kind, i + 1)
       continue
@@ -137,7 +137,8 @@ def files_source(cfg: DataConfig) -> TextSource:
 
   def documents():
     checked = damaged.named_on_failure(rows(), paths, builder)  # a damaged file is named, not a pyarrow trace
-    return _rows_to_texts(checked, field, f"The {builder} files {paths[0]}...", max_docs)
+    what = f"The {builder} file {paths[0]}" if len(paths) == 1 else f"The {len(paths)} {builder} files {paths[0]}, ..."
+    return _rows_to_texts(checked, field, what, max_docs)
 
   desc = f"{len(paths)} local {builder} file(s) ({paths[0]}{', ...' if len(paths) > 1 else ''})"
   return TextSource(key=["files", stats, field, sample_by, max_docs], documents=documents, description=desc)

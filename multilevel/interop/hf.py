@@ -177,13 +177,22 @@ def save_hf(cfg: ModelConfig, params, out_dir: PathLike, labels: Sequence[str] |
   return out
 
 
+def check_inputs(summary: Mapping) -> None:
+  """Refuses a run whose tokenizer file is gone (``save_inputs`` would export a model no one can feed)."""
+  path = (summary.get("tokenizer") or {}).get("path")
+  if path and not os.path.isfile(path):
+    raise HFInteropError(f"The run's tokenizer {path} is gone, and the model is no use without it: put the "
+                         f"tokenizer.json the run trained with there, then export again.")
+
+
 def save_inputs(out_dir: PathLike, cfg: ModelConfig, summary: Mapping) -> list[str]:
   """Writes beside exported weights what a run's inputs need, from its ``summary.json``: its tokenizer
   (``tokenizer.json`` with a ``tokenizer_config.json`` that ``AutoTokenizer`` reads) or its images' normalisation
   (``preprocessor_config.json`` for ``AutoImageProcessor``). Returns what it wrote, in words."""
   out, written = Path(out_dir), []
+  check_inputs(summary)
   tok = summary.get("tokenizer") or {}
-  if tok.get("path") and os.path.isfile(tok["path"]):
+  if tok.get("path"):
     from tokenizers import Tokenizer
     t = Tokenizer.from_file(tok["path"])
     t.save(str(out / "tokenizer.json"))
@@ -191,15 +200,20 @@ def save_inputs(out_dir: PathLike, cfg: ModelConfig, summary: Mapping) -> list[s
     special = {k: t.id_to_token(i) for k, i in names.items() if isinstance(i, int) and i >= 0}
     if special.get("eos_token"):
       special["bos_token"] = special["eos_token"]  # Documents start after an end-of-document token.
+    # split_special_tokens: '<eos>' written in a text is text, as the run's token files encoded it.
     _write_json(out / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                "model_max_length": cfg.max_len, **special})
+                                                "model_max_length": cfg.max_len, "split_special_tokens": True,
+                                                **special})
     written.append("its tokenizer")
   norm = summary.get("image_normalization")
   if norm:
+    # As training fitted larger images: the short side resized (bicubic) to image_size, then a centre crop. (Smaller
+    # images were zero-padded, which no HF processor does; they are enlarged here.)
     _write_json(out / "preprocessor_config.json", {
-        "image_processor_type": "ViTImageProcessor", "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(norm["mean"]), "image_std": list(norm["std"]),
-        "do_resize": False, "size": {"height": cfg.image_size, "width": cfg.image_size}})
+        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": cfg.image_size},
+        "resample": 3, "do_center_crop": True, "crop_size": {"height": cfg.image_size, "width": cfg.image_size},
+        "do_convert_rgb": False, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": list(norm["mean"]), "image_std": list(norm["std"])})
     written.append("its image normalisation")
   return written
 
