@@ -323,7 +323,8 @@ def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) ->
       with Image.open(file) as im:
         if target and im.format == "JPEG" and min(im.size) >= 2 * target:
           im.draft("RGB" if mode == "RGB" else "L", (target, target))  # Decode a large JPEG at 1/2-1/8 scale.
-        im = ImageOps.exif_transpose(im)  # Photos taken sideways carry their rotation in EXIF.
+        if im.getexif().get(0x0112, 1) != 1:  # A photo taken sideways carries its rotation (EXIF orientation).
+          im = ImageOps.exif_transpose(im)  # Only then: it copies the whole image even when nothing turns.
         deep = _as_uint8(im, file)
         if deep is not None:
           im = Image.fromarray(deep)
