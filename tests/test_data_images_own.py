@@ -118,7 +118,7 @@ def test_16_bit_and_rotated_images_read_as_they_look(tmp_path):
   exif = img.getexif()
   exif[0x0112] = 6  # ... shown rotated 90 degrees clockwise: the red half on top.
   img.save(rot / "cat" / "0.jpg", exif=exif, quality=100)
-  from multilevel.data import images
+  from multilevel.data import image_folder as images
   cfg = _cfg(tmp_path, root)
   data, _, _ = images.folder_source(str(root), cfg, 8, True)
   gray = data.train.get(np.array([0]))[0][0, ..., 0].astype(int)
@@ -130,7 +130,7 @@ def test_16_bit_and_rotated_images_read_as_they_look(tmp_path):
 
 def test_a_large_jpeg_is_decoded_at_a_reduced_scale_to_the_same_picture(tmp_path, monkeypatch):
   from PIL import Image, JpegImagePlugin
-  from multilevel.data import images
+  from multilevel.data import image_folder as images
   drafts, draft = [], JpegImagePlugin.JpegImageFile.draft
   monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
                       lambda self, *a, **k: drafts.append(a) or draft(self, *a, **k))
@@ -184,7 +184,7 @@ def test_unreadable_images_say_why(tmp_path):
   os.remove(root / "dog" / "9.png")
   os.remove(root / "cat" / "0.png")
   Image.fromarray(np.full((8, 8), 3.5, np.float32)).save(root / "cat" / "0.tiff")  # Label 0's first image.
-  from multilevel.data import images
+  from multilevel.data import image_folder as images
   data, _, _ = images.folder_source(str(root), _cfg(tmp_path, root), 8, True)
   with pytest.raises(ValueError, match=r"holds F-mode values from 3.5 to 3.5 .* save it as an 8- or 16-bit image"):
     data.train.get(np.array([0]))

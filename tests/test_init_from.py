@@ -74,7 +74,7 @@ def test_the_runner_has_what_transitions_and_resume_declare_they_need(runner_and
 def test_a_text_run_from_a_checkpoint_reads_its_tokenizer(tmp_path, monkeypatch):
   from absl import logging
   from multilevel import models as M
-  from multilevel.cycles.driver import _data_for
+  from multilevel.cycles.run_config import data_config as _data_for
   from multilevel.cycles.run_config import RunConfig
   run = RunConfig.from_config(tiny_config("gpt", levels=1))
   hf = tmp_path / "hf"

@@ -16,7 +16,6 @@ checkpoint holds, in ``resume.py``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
@@ -32,7 +31,7 @@ from multilevel.checkpoint import Checkpointer, CheckpointError, quiet_orbax_log
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.resume import checkpoint, fresh, replan, restore
-from multilevel.cycles.run_config import RunConfig, model_config, objective_config, resolved_config
+from multilevel.cycles.run_config import RunConfig, data_config, model_config, objective_config, resolved_config
 from multilevel.cycles.transitions import transition
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
@@ -43,26 +42,6 @@ from multilevel.workdir import WorkdirLock, WorkdirLockedError
 
 # What a user's config, data, checkpoint or machine can cause: the command line reports these in one line.
 EXPECTED_ERRORS = (ValueError, TypeError, OSError, CheckpointError, WorkdirLockedError, FloatingPointError)
-
-
-def _data_for(run, fam):
-  """The data config the run reads: a text run that starts from a Hugging Face checkpoint (``init_from``) with no
-  tokenizer of its own takes the checkpoint's ``tokenizer.json``, since the checkpoint's embedding rows mean that
-  tokenizer's ids; without one there, it trains a tokenizer as usual and says that the ids will not match."""
-  from multilevel.data import DataConfig
-  data = DataConfig.from_config(run.data, "data")
-  if not run.init_from or not fam.is_text or data.tokenizer or data.token_file:
-    return data
-  source = os.path.expanduser(run.init_from)
-  folder = source if os.path.isdir(source) else os.path.dirname(source)
-  found = os.path.join(folder, "tokenizer.json")
-  if os.path.isfile(found):
-    logging.info("Tokenizer: %s, the checkpoint's own (init_from); set data.tokenizer to use another.", found)
-    return dataclasses.replace(data, tokenizer=found)
-  logging.warning("init_from=%s holds no tokenizer.json, and data.tokenizer is not set: the run trains its own "
-                  "tokenizer, whose ids mean other text than the checkpoint's embedding rows learned. Set "
-                  "data.tokenizer to the checkpoint's tokenizer.json if it has one elsewhere.", run.init_from)
-  return data
 
 
 def _fault(point: str) -> None:
@@ -144,7 +123,7 @@ class Runner:
 
     fam = M.family_of(probe)
     self.train_iter, self.eval_batches, self.info = make_data(
-        _data_for(run, fam), kind=fam.modality, batch_size=tc.batch_size,
+        data_config(run, fam), kind=fam.modality, batch_size=tc.batch_size,
         seq_len=probe.max_len if fam.is_text else None,
         image_size=None if fam.is_text else probe.image_size, seed=tc.seed, model_family=probe.family)
     self._closers.append(self.train_iter.close)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
+
+from absl import logging
 
 from multilevel.checkpoint import CheckpointConfig
 from multilevel.cycles.config import CycleConfig
@@ -63,6 +66,26 @@ class RunConfig:
                cycle=section_from(CycleConfig, d.get("cycle"), "cycle"),
                checkpoint=section_from(CheckpointConfig, d.get("checkpoint"), "checkpoint"),
                **{k: d[k] for k in ("init_from", "progress", "tensorboard") if k in d})
+
+
+def data_config(run: RunConfig, fam):
+  """The data config the run reads: a text run that starts from a Hugging Face checkpoint (``init_from``) with no
+  tokenizer of its own takes the checkpoint's ``tokenizer.json``, since the checkpoint's embedding rows mean that
+  tokenizer's ids; without one there, it trains a tokenizer as usual and says that the ids will not match."""
+  from multilevel.data import DataConfig
+  data = DataConfig.from_config(run.data, "data")
+  if not run.init_from or not fam.is_text or data.tokenizer or data.token_file:
+    return data
+  source = os.path.expanduser(run.init_from)
+  folder = source if os.path.isdir(source) else os.path.dirname(source)
+  found = os.path.join(folder, "tokenizer.json")
+  if os.path.isfile(found):
+    logging.info("Tokenizer: %s, the checkpoint's own (init_from); set data.tokenizer to use another.", found)
+    return dataclasses.replace(data, tokenizer=found)
+  logging.warning("init_from=%s holds no tokenizer.json, and data.tokenizer is not set: the run trains its own "
+                  "tokenizer, whose ids mean other text than the checkpoint's embedding rows learned. Set "
+                  "data.tokenizer to the checkpoint's tokenizer.json if it has one elsewhere.", run.init_from)
+  return data
 
 
 def model_config(run, info) -> ModelConfig:
