@@ -23,6 +23,7 @@ from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.train.config import TrainConfig
 from multilevel.typed_config import ConfigError, as_mapping, check_fields, fields_from, section_from
 
+
 class MissingOptions(ConfigError, AttributeError):
   """``cycle.<name>`` read for a name that is neither a field of CycleConfig nor a registered method's options."""
 
