@@ -185,3 +185,31 @@ def test_a_started_run_without_checkpoints_says_what_to_do(finished, tmp_path):
   shutil.rmtree(work / "checkpoints")
   with pytest.raises(CheckpointError, match="Start a new --workdir, or delete"):
     train_and_evaluate(tiny_config("gpt", levels=2), str(work))
+
+
+def test_a_run_refused_after_taking_the_workdir_leaves_nothing_there(tmp_path):
+  blank = tmp_path / "blank.txt"
+  blank.write_text("  \n\n")
+  # A data refusal found while loading, after the lock: the workdir the run created is gone again ...
+  with pytest.raises(ValueError, match="holds no text"):
+    Runner(tiny_config("gpt", levels=1, **{"data.files": str(blank)}), str(tmp_path / "new"))
+  assert not os.path.exists(tmp_path / "new")
+  # ... a folder the user made stays, emptied (it held the lock) ...
+  os.makedirs(tmp_path / "made")
+  with pytest.raises(ValueError, match="holds no text"):
+    Runner(tiny_config("gpt", levels=1, **{"data.files": str(blank)}), str(tmp_path / "made"))
+  assert os.listdir(tmp_path / "made") == []
+  # ... and a refused init_from (at the start of run(), after checkpoints/ and metrics.jsonl were opened) the same.
+  with pytest.raises(ValueError, match="init_from=.*missing does not exist"):  # (Checked before the lock.)
+    Runner(tiny_config("gpt", levels=1, init_from=str(tmp_path / "missing")), str(tmp_path / "init"))
+  assert not os.path.exists(tmp_path / "init")
+  os.makedirs(tmp_path / "notweights")
+  with pytest.raises(Exception, match="No weights in"):
+    train_and_evaluate(tiny_config("gpt", levels=1, init_from=str(tmp_path / "notweights")), str(tmp_path / "init"))
+  assert not os.path.exists(tmp_path / "init")
+  # A workdir that held anything before the run is left as it was.
+  os.makedirs(tmp_path / "kept")
+  (tmp_path / "kept" / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="holds no text"):
+    Runner(tiny_config("gpt", levels=1, **{"data.files": str(blank)}), str(tmp_path / "kept"))
+  assert sorted(os.listdir(tmp_path / "kept")) == [".lock", "notes.txt"]

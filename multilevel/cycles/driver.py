@@ -95,10 +95,11 @@ class Runner:
 
   def __init__(self, config, workdir: str):
     self._closers = []
+    self._created = None  # (workdir, whether it existed): a workdir this run found empty, as its only process.
     try:
       self._setup(config, workdir)
     except BaseException:
-      self.close()  # A half-built run gives back the lock and the data threads at once.
+      self._abandon()  # A half-built run gives back the lock and the data threads at once.
       raise
 
   def _setup(self, config, workdir: str) -> None:
@@ -115,10 +116,18 @@ class Runner:
     check_dtype(probe)
     from multilevel.data import DataConfig, check_sources
     check_sources(DataConfig.from_config(run.data, "data"), M.family_of(probe).modality)
+    if run.init_from and not os.path.exists(os.path.expanduser(run.init_from)):
+      raise ValueError(f"init_from={run.init_from} does not exist: give a Hugging Face model folder (what "
+                       f"save_pretrained or experiments.export writes) or its weights file; hub names are not "
+                       f"downloaded.")
     # On CPU, XLA's all-reduce over several devices can deadlock when steps are dispatched without waiting
     # (../shared/docs/environment.md): there the loop waits for each step's loss.
     self._sync_each_step = jax.default_backend() == "cpu" and self.mesh.devices.size > 1
+    empty = jax.process_count() == 1 and not (os.path.isdir(self.workdir) and os.listdir(self.workdir))
+    existed = os.path.isdir(self.workdir)
     self._closers.append(WorkdirLock(self.workdir, jax.process_index()).release)
+    if empty:  # Only once the lock is held: a run refused by another's lock never removes that run's files.
+      self._created = (self.workdir, existed)
     from multilevel.data import make_data  # Imported here: the data stack is heavy and only a run needs it.
 
     fam = M.family_of(probe)
@@ -146,13 +155,27 @@ class Runner:
   def __enter__(self):
     return self
 
-  def __exit__(self, *exc):
-    self.close()
+  def __exit__(self, exc_type, *exc):
+    if exc_type is None:
+      self.close()
+    else:
+      self._abandon()
 
   def close(self) -> None:
     """Frees what the run holds, last opened first; safe to call twice."""
     while self._closers:
       self._closers.pop()()
+
+  def _abandon(self) -> None:
+    """``close()`` after a failure. A run that stops before the workdir is marked as started (``run.json``: a data
+    refusal, a refused ``init_from``, Ctrl-C while compiling) leaves nothing behind in a workdir it created: no lock,
+    no empty ``checkpoints/`` or ``metrics.jsonl``, no checkpoint 0 without its mark (nothing is half-written)."""
+    try:
+      self.close()
+    finally:
+      created, self._created = self._created, None
+      if created and not os.path.exists(os.path.join(created[0], "run.json")):
+        _empty(*created)
 
   # ---- compiled pieces ---------------------------------------------------------------------------------------
 
@@ -381,6 +404,18 @@ class Runner:
       return None
     from tqdm import tqdm
     return tqdm(total=self.plan.total_steps, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _empty(workdir: str, existed: bool) -> None:
+  """Removes what a run wrote in ``workdir``: the folder itself if the run created it, else its contents."""
+  if not existed:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return
+  for entry in os.scandir(workdir):
+    if entry.is_dir(follow_symlinks=False):
+      shutil.rmtree(entry.path, ignore_errors=True)
+    else:
+      os.remove(entry.path)
 
 
 class _StageTimer:
