@@ -215,3 +215,25 @@ def test_a_vocab_size_beside_a_given_tokenizer_is_said_to_be_unused(tmp_path, mo
   info = _make(_cfg(tmp_path, files=str(path), tokenizer=tok, vocab_size=1000))
   assert info.vocab_size <= 300
   assert any("data.vocab_size=1000 sizes a tokenizer trained here" in w for w in warned), warned
+
+
+def test_characters_a_tokenizer_without_unk_drops_are_named(tmp_path, monkeypatch):
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  letters = sorted(set("".join(WORDS)) | {"."})
+  vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<mask>"] + letters)}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # No unk token, no byte fallback.
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(str(tmp_path / "tok.json"))
+  docs = _docs()
+  docs[3] = "the café → bridge " + docs[3]
+  path = tmp_path / "a.txt"
+  path.write_text("\n\n".join(docs) + "\n")
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda msg, *a: warned.append(msg % a))
+  _make(_cfg(tmp_path, files=str(path), tokenizer=str(tmp_path / "tok.json"), sample_by="paragraph"))
+  dropped = [w for w in warned if "have no token in the tokenizer" in w]
+  assert len(dropped) == 1 and dropped[0].startswith("2 distinct character(s)") and "'é' '→'" in dropped[0], warned
+  # A tokenizer trained here has an unknown token: nothing to say.
+  warned.clear()
+  _make(_cfg(tmp_path, files=str(path), sample_by="paragraph"))
+  assert not [w for w in warned if "have no token" in w], warned

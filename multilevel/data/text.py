@@ -193,12 +193,32 @@ def _encoded(source: TextSource, tok: tokenizer_lib.LoadedTokenizer) -> Iterator
   corpus false masks (nanoGPT's encode_ordinary does the same)."""
   was = tok.tokenizer.encode_special_tokens
   tok.tokenizer.encode_special_tokens = True
+  seen = set() if tok.unk_id < 0 else None  # A tokenizer without an unknown token can drop characters.
   try:
     for chunk in _chunks(source.documents()):
+      if seen is not None:
+        for text in chunk:
+          seen.update(text)
       for enc in tok.tokenizer.encode_batch_fast(chunk, add_special_tokens=False):
         yield enc.ids
+    if seen:
+      _warn_dropped(source, tok, seen)
   finally:
     tok.tokenizer.encode_special_tokens = was
+
+
+def _warn_dropped(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, chars: set) -> None:
+  """Says which characters of the text the tokenizer encodes as nothing (a BPE without an unknown token or byte
+  fallback leaves out what its alphabet lacks): the model would never see them, and nothing else would say so."""
+  shown = sorted(c for c in chars if c.isprintable() and not c.isspace())
+  encoded = tok.tokenizer.encode_batch_fast(shown, add_special_tokens=False)
+  dropped = [c for c, enc in zip(shown, encoded) if not enc.ids]
+  if dropped:
+    logging.warning("%d distinct character(s) of %s have no token in the tokenizer %s, which has no unknown token: "
+                    "they are left out of the token file as if they were not in the text (%s). Use a tokenizer with "
+                    "an unknown token or byte fallback (a byte-level BPE), or set data.tokenizer='' to train one on "
+                    "this corpus.", len(dropped), source.description, tok.path,
+                    " ".join(repr(c) for c in dropped[:12]) + (" ..." if len(dropped) > 12 else ""))
 
 
 def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir: str) -> tokenfile.TokenFile:
