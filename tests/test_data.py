@@ -207,7 +207,7 @@ def test_hub_name_path_with_a_stand_in_hub(tmp_path, parquet_files, monkeypatch)
   monkeypatch.setattr(datasets, "load_dataset", fake_load)
   cfg = _cfg(tmp_path, name="openwebtext", config_name="plain", split="train[:50%]", streaming=True, max_documents=60)
   train, _, info = make_data(cfg, kind="text", batch_size=4, seq_len=16, process_index=0, process_count=1)
-  assert calls[0] == ("openwebtext", "plain", {"split": "train[:50%]", "streaming": True})
+  assert calls[0] == ("openwebtext", "plain", {"split": "train[:50%]", "streaming": True, "revision": None})
   assert "'openwebtext' (plain)" in info.description and "60 documents" in info.description
   train.close()
 

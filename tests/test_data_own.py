@@ -237,3 +237,35 @@ def test_characters_a_tokenizer_without_unk_drops_are_named(tmp_path, monkeypatc
   warned.clear()
   _make(_cfg(tmp_path, files=str(path), sample_by="paragraph"))
   assert not [w for w in warned if "have no token" in w], warned
+
+
+def test_a_hub_set_is_read_at_its_pinned_revision_and_cached_per_revision(tmp_path, monkeypatch):
+  import datasets
+
+  from multilevel.data import common
+  calls = []
+
+  def load_dataset(name, config_name=None, *, split, streaming, revision):
+    calls.append(revision)
+    return [{"text": d} for d in _docs(seed=1 if revision == "v2" else 0)]
+
+  monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+  monkeypatch.setattr(common, "check_hub_reachable", lambda what: None)
+  said = []
+  monkeypatch.setattr(logging, "info", lambda msg, *a: said.append(msg % a))
+  base = dict(name="someone/corpus")
+  first = _make(_cfg(tmp_path, **base))
+  assert set(calls) == {None}  # (Read for the tokenizer, then for the token file.)
+  read = len(calls)
+  again = _make(_cfg(tmp_path, **base))
+  assert len(calls) == read and again.token_file == first.token_file  # Read once, then reused ...
+  assert any("the hub is not asked for a newer version. Set data.revision" in s for s in said), said
+  said.clear()
+  v2 = _make(_cfg(tmp_path, revision="v2", **base))  # ... and a pinned revision is its own corpus.
+  assert calls[-1] == "v2" and v2.token_file != first.token_file
+  read = len(calls)
+  _make(_cfg(tmp_path, revision="v2", **base))
+  assert len(calls) == read and not any("newer version" in s for s in said), said
+  with pytest.raises(ValueError, match=r"data.revision='v2' picks a version of a Hugging Face hub data set .* "
+                                       r"this run reads data.files"):
+    _make(_cfg(tmp_path, files=str(tmp_path / "*.txt"), revision="v2"))

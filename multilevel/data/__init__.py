@@ -48,9 +48,24 @@ def check_sources(cfg, kind: str) -> None:
   if kind == "text" and cfg.files and cfg.name:
     raise ValueError(f"Both data.name={cfg.name!r} and data.files are set: give one text source (data.files for "
                      "your own files, data.name for a named corpus).")
+  if cfg.revision and (cfg.files or cfg.token_file or cfg.folder or _named_offline(cfg.name)):
+    raise ValueError(f"data.revision={cfg.revision!r} picks a version of a Hugging Face hub data set (data.name); "
+                     f"this run reads {_source_name(cfg)}, which has none. Leave data.revision out.")
   if kind == "text" and cfg.files and not cfg.token_file:
     from multilevel.data.text import resolve_files
     resolve_files(cfg.files)  # A glob that matches nothing, or a folder, is refused here.
+
+
+def _named_offline(name: str) -> bool:
+  from multilevel.data import corpora
+  return name in ("", "default") or name.startswith("tfds:") or corpora.named(name) is not None
+
+
+def _source_name(cfg) -> str:
+  for key in ("files", "token_file", "folder"):
+    if getattr(cfg, key):
+      return f"data.{key}"
+  return f"data.name={cfg.name!r}" if cfg.name else "the bundled default data"
 
 
 def make_data(cfg, *, kind: str, batch_size: int, seq_len: int | None = None,

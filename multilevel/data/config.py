@@ -32,6 +32,9 @@ class DataConfig:
   split: str = "train"  # HF / TFDS split used for training.
   eval_split: str = ""  # TFDS: split for evaluation ('' = test, else validation, else val_fraction).
   streaming: bool = False  # HF hub: stream instead of downloading the whole set.
+  # HF hub: the data set's revision (a branch, tag or commit) to read. '' = the latest at the first run; its token
+  # file is then reused without asking the hub again, so pin a revision when the set may change.
+  revision: str = ""
   max_documents: int = 0  # Text: stop after this many documents (0 = all); handy when streaming.
   files: str | tuple[str, ...] = ""  # Text: comma-separated globs (or a list) of .txt/.md/.json/.jsonl/.parquet files.
   text_field: str = "text"  # Text: the field (column) of .json/.jsonl/.parquet rows and hub sets holding the text.

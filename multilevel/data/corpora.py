@@ -34,6 +34,7 @@ class TextSource:
   key: list            # JSON-able identity of the corpus (cache key).
   description: str
   documents: Callable[[], Iterator[str]]  # Checks (offline, files) at call time.
+  on_reuse: str = ""  # Said (logged) when the corpus' token file is reused instead of read again.
 
 
 # ------------------------------------------------------------- Shakespeare

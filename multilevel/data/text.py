@@ -153,13 +153,18 @@ def hub_source(cfg: DataConfig) -> TextSource:
     import datasets
     common.check_hub_reachable(what)
     try:
-      ds = datasets.load_dataset(name, config_name, split=split, streaming=cfg.streaming)
+      ds = datasets.load_dataset(name, config_name, split=split, streaming=cfg.streaming,
+                                 revision=cfg.revision or None)
     except (ConnectionError, FileNotFoundError, OSError) as e:
       raise ValueError(f"{what} could not be loaded from the hub: {e}") from None
     return _rows_to_texts(ds, text_field, what, max_docs)
 
-  return TextSource(key=["hub", name, config_name, split, text_field, max_docs],
-                    documents=documents, description=f"{what}, split {split!r}")
+  key = ["hub", name, config_name, split, text_field, max_docs] + ([cfg.revision] if cfg.revision else [])
+  revision = f", revision {cfg.revision!r}" if cfg.revision else ""
+  unpinned = (f"{what}: the tokens read from the hub before (%s) are reused; the hub is not asked for a newer "
+              f"version. Set data.revision to pin one, or delete that folder to read the set again.")
+  return TextSource(key=key, documents=documents, description=f"{what}, split {split!r}{revision}",
+                    on_reuse="" if cfg.revision else unpinned)
 
 
 def text_source(cfg: DataConfig) -> TextSource:
@@ -221,6 +226,11 @@ def _warn_dropped(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, chars:
                     " ".join(repr(c) for c in dropped[:12]) + (" ..." if len(dropped) > 12 else ""))
 
 
+def _say_reused(source: TextSource, folder: str) -> None:
+  if source.on_reuse:
+    logging.info(source.on_reuse, folder)
+
+
 def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir: str) -> tokenfile.TokenFile:
   """The corpus' token file under cache_dir/tokens/, tokenized on the first call only."""
   tok_id = common.file_sha1(tok.path) if os.path.exists(tok.path) else common.fingerprint(tok.tokenizer.to_str())
@@ -228,7 +238,8 @@ def token_file(source: TextSource, tok: tokenizer_lib.LoadedTokenizer, cache_dir
   tf = tokenfile.cached(
       cache_dir, key, lambda: _encoded(source, tok), vocab_size=tok.vocab_size, eos_id=tok.eos_id,
       description=source.description, tokenizer_json=tok.tokenizer.to_str(),
-      on_build=lambda folder: logging.info("Tokenizing %s into %s", source.description, folder))
+      on_build=lambda folder: logging.info("Tokenizing %s into %s", source.description, folder),
+      on_reuse=lambda folder: _say_reused(source, folder))
   if tf.num_tokens == tf.num_documents:
     raise ValueError(f"{source.description} holds no text (0 tokens after tokenizing): check the files or "
                      "data.text_field.")

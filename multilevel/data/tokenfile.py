@@ -266,8 +266,8 @@ def build(folder: str, documents: Iterable[Any], *, vocab_size: int, eos_id: int
 
 
 def cached(cache_dir: str, key: Any, documents: Callable[[], Iterable[Any]], *, vocab_size: int, eos_id: int,
-           description: str = "", tokenizer_json: str | None = None, on_build: Callable[[str], None] | None = None
-           ) -> TokenFile:
+           description: str = "", tokenizer_json: str | None = None, on_build: Callable[[str], None] | None = None,
+           on_reuse: Callable[[str], None] | None = None) -> TokenFile:
   """The token file of ``key`` under ``cache_dir/tokens/``: opened when it exists, else built from ``documents()``.
 
   ``key`` is any JSON-able identity of the corpus, tokenizer and settings; its hash names the folder.
@@ -275,6 +275,8 @@ def cached(cache_dir: str, key: Any, documents: Callable[[], Iterable[Any]], *, 
   from multilevel.data import common  # the fingerprint helper; imported here so the module stands alone
   folder = os.path.join(cache_dir, "tokens", common.fingerprint([VERSION, key]))
   if os.path.exists(os.path.join(folder, META)):
+    if on_reuse is not None:
+      on_reuse(folder)
     return open_token_file(folder)
   if on_build is not None:
     on_build(folder)
