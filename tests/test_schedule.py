@@ -212,3 +212,9 @@ def test_fresh_added_layers_are_drawn_at_growth_and_refused_where_they_cannot_be
     plan_of(levels=2, **{"cycle.new_layers": "fresh", "cycle.depth_factor": 1})
   with pytest.raises(Exception, match="new_layers"):
     plan_of(levels=2, **{"cycle.new_layers": "random"})
+
+
+def test_the_plan_names_each_stages_model_with_its_ffn_width():
+  p = plan_of(levels=2, **{"train.steps": 1000, "model.ffn_size": 96})
+  lines = p.describe().splitlines()
+  assert "L4/d32/h4/f96, 50 steps" in lines[1] and "L2/d16/h2/f48, 500 steps" in lines[2], lines

@@ -98,8 +98,8 @@ class Plan:
     lines = [f"{self.method}: {len(self.levels)}-level plan, {self.total_steps} steps:"]
     for s in self.stages:
       c = self.levels[s.level]
-      lines.append(f"  stage {s.name}: enter by {s.enter}, L{c.num_layers}/d{c.width}/h{c.num_heads}, {s.steps} steps, "
-                   f"lr peak {s.lr.peak:g} warmup {s.lr.warmup} decay {s.lr.decay}"
+      lines.append(f"  stage {s.name}: enter by {s.enter}, L{c.num_layers}/d{c.width}/h{c.num_heads}/f{c.ffn_dim}, "
+                   f"{s.steps} steps, lr peak {s.lr.peak:g} warmup {s.lr.warmup} decay {s.lr.decay}"
                    + ("" if s.view is FULL else f", trains {s.view.name}"))
     return "\n".join(lines)
 
