@@ -18,9 +18,15 @@ from multilevel.tree import flatten
 class MetricsWriter:
   """Appends one JSON object per record to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 
+  TensorBoard gets two runs: ``tensorboard/`` every scalar against the step, and ``tensorboard/by_flops/`` the
+  target model's evaluations against the FLOPs spent so far (the x axis on which methods are compared: a step of a
+  smaller model costs less; the evaluations right after a transition and the smaller models' are left out, as the
+  benchmarks read a curve).
+
   ``truncate(n)`` keeps the first ``n`` records: a resumed run drops what was logged after its checkpoint, so the
   file reads as if the run had never stopped. TensorBoard's events files cannot be cut, so the events logged after
-  the last kept record's step are hidden instead (a purge step, which TensorBoard honours when it reads them).
+  the last kept record's step (or FLOPs) are hidden instead (a purge step, which TensorBoard honours when it reads
+  them).
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
@@ -29,6 +35,7 @@ class MetricsWriter:
     self.count = 0
     self._tb = None
     self._tb_dir = None
+    self._tbf = None  # The FLOPs-axis writer, under tensorboard/by_flops.
     if enabled and tensorboard:
       try:
         import tensorboardX  # noqa: F401  (optional: the JSON lines are the record)
@@ -39,13 +46,17 @@ class MetricsWriter:
     # fsync waits for flush(), at checkpoints).
     self._f = open(self.path, "a", encoding="utf-8", buffering=1) if enabled else None
 
-  def _open_tb(self, purge_step: int | None = None) -> None:
+  def _open_tb(self, purge_step: int | None = None, purge_flops: int | None = None) -> None:
     from tensorboardX import SummaryWriter
-    if self._tb is not None:
-      self._tb.close()
+    for w in (self._tb, self._tbf):
+      if w is not None:
+        w.close()
     # TensorBoard reads a directory's events files in name order; names carry only whole seconds, so a second
     # writer within the same second would overwrite the first one's file without a suffix that orders them.
-    self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
+    suffix = f".{time.time_ns()}"
+    self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step, filename_suffix=suffix)
+    self._tbf = SummaryWriter(os.path.join(self._tb_dir, "by_flops"), purge_step=purge_flops,
+                              filename_suffix=suffix)
 
   def truncate(self, n: int) -> None:
     if not self.enabled:
@@ -76,12 +87,16 @@ class MetricsWriter:
                            f"damaged. Delete that line (or the file, losing the curve before the checkpoint) and run "
                            f"the same command again.") from None
       # Events from the last kept step on are hidden and that step's kept records written again: a transition at
-      # that step, logged again by the resumed run, then appears once.
+      # that step, logged again by the resumed run, then appears once. The same on the FLOPs axis.
       last = max((int(r.get("step", 0)) for r in kept), default=-1)
-      self._open_tb(purge_step=max(last, 0))
+      points = [p for p in map(_flops_point, kept) if p is not None]
+      last_flops = max(points, default=-1)
+      self._open_tb(purge_step=max(last, 0), purge_flops=max(last_flops, 0))
       for r in kept:
         if int(r.get("step", 0)) == last:
-          self._tb_scalars(r)
+          self._tb_scalars(r, flops_axis=False)
+        if _flops_point(r) == last_flops:
+          self._tb_scalars(r, step_axis=False)
 
   def write(self, record: dict[str, Any]) -> None:
     if not self.enabled:
@@ -94,15 +109,23 @@ class MetricsWriter:
         self._open_tb()
       self._tb_scalars(record)
 
-  def _tb_scalars(self, record: dict[str, Any]) -> None:
+  def _tb_scalars(self, record: dict[str, Any], step_axis: bool = True, flops_axis: bool = True) -> None:
     """A record's numbers as TensorBoard scalars at its step; an evaluation right after a transition (an ``after_*``
-    event: a model never trained in that form) under its own tag, ``eval_loss/after_decoalesce``, not on the curve."""
+    event: a model never trained in that form) under its own tag, ``eval_loss/after_decoalesce``, not on the curve.
+    A target model's evaluation also goes on the FLOPs axis."""
     step = int(record.get("step", 0))
     event = str(record.get("event", ""))
     suffix = f"/{event}" if event.startswith("after_") else ""
-    for k, v in record.items():
-      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-        self._tb.add_scalar(k + suffix if k.startswith("eval_") else k, v, step)
+    numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if step_axis:
+      for k, v in numbers.items():
+        if k != "step":
+          self._tb.add_scalar(k + suffix if k.startswith("eval_") else k, v, step)
+    flops = _flops_point(record)
+    if flops_axis and flops is not None:
+      for k, v in numbers.items():
+        if k.startswith("eval_"):
+          self._tbf.add_scalar(k, v, flops)
 
   def flush(self) -> None:
     if self.enabled:
@@ -110,6 +133,7 @@ class MetricsWriter:
       os.fsync(self._f.fileno())
       if self._tb is not None:
         self._tb.flush()
+        self._tbf.flush()
 
   def close(self) -> None:
     if self.enabled:
@@ -117,6 +141,17 @@ class MetricsWriter:
       self._f.close()
       if self._tb is not None:
         self._tb.close()
+        self._tbf.close()
+
+
+def _flops_point(record: dict[str, Any]) -> int | None:
+  """The FLOPs at which a record goes on TensorBoard's FLOPs axis: a target model's (level 0) evaluation, not one
+  right after a transition (as ``eval_curve`` reads a run); else None."""
+  if not any(k.startswith("eval_") for k in record) or "flops" not in record or record.get("level", 0) != 0:
+    return None
+  if str(record.get("event", "")).startswith("after_"):
+    return None
+  return int(record["flops"])
 
 
 def _plain(v):
