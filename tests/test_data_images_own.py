@@ -219,3 +219,32 @@ def test_the_normalisation_goes_with_an_exported_model(tmp_path):
   want = (fit_image(big, cfg.image_size, True) / 255.0 - np.array(info.image_mean)) / np.array(info.image_std)
   assert got.shape == (3, cfg.image_size, cfg.image_size)
   assert np.abs(got.transpose(1, 2, 0) - want).mean() < 0.05  # Resampling filters differ slightly.
+
+
+def test_smaller_images_are_enlarged_as_the_exported_processor_enlarges_them(tmp_path):
+  pytest.importorskip("transformers")
+  import transformers
+
+  from multilevel import interop
+  from multilevel import models as M
+  from multilevel.data.images import fit_image
+  cfg = M.preset("deit-test")  # image_size 8
+  yy, xx = np.mgrid[0:4, 0:6]  # A smaller, non-square image (it was zero-padded in training, enlarged on export).
+  small = np.stack([xx * 40, yy * 60, (xx + yy) * 25], -1).astype(np.uint8) + 20
+  fitted = fit_image(small, cfg.image_size, True)
+  assert fitted.shape == (8, 8, 3) and fitted.min() > 0  # Enlarged to fill the frame: no zero border.
+  padded = fit_image(small, cfg.image_size, False)
+  assert (padded[:2] == 0).all() and (padded[2:6, 1:7] == small).all()  # data.resize False: never resampled.
+  for resize in (True, False):
+    out = tmp_path / str(resize)
+    out.mkdir()
+    norm = {"mean": [0.5] * 3, "std": [0.25] * 3, "resize": resize}
+    interop.save_inputs(out, cfg, {"image_normalization": norm})
+    processor = transformers.AutoImageProcessor.from_pretrained(str(out))
+    if resize:
+      got = processor(small, return_tensors="np", input_data_format="channels_last")["pixel_values"][0].transpose(1, 2, 0)
+      assert np.abs(got - (fitted / 255.0 - 0.5) / 0.25).mean() < 0.1  # Resampling filters differ slightly.
+    else:
+      assert not processor.do_resize and not processor.do_center_crop
+      got = processor(padded, return_tensors="np", input_data_format="channels_last")["pixel_values"][0].transpose(1, 2, 0)
+      np.testing.assert_allclose(got, (padded / 255.0 - 0.5) / 0.25, atol=1e-5)

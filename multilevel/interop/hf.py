@@ -207,11 +207,13 @@ def save_inputs(out_dir: PathLike, cfg: ModelConfig, summary: Mapping) -> list[s
     written.append("its tokenizer")
   norm = summary.get("image_normalization")
   if norm:
-    # As training fitted larger images: the short side resized (bicubic) to image_size, then a centre crop. (Smaller
-    # images were zero-padded, which no HF processor does; they are enlarged here.)
+    # As training fitted the images: the short side resized (bicubic) to image_size, then a centre crop; a run with
+    # data.resize False resampled nothing (it zero-padded smaller images, which no HF processor does), so neither
+    # does its processor: give it images of image_size.
+    resize = bool(norm.get("resize", True))
     _write_json(out / "preprocessor_config.json", {
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": cfg.image_size},
-        "resample": 3, "do_center_crop": True, "crop_size": {"height": cfg.image_size, "width": cfg.image_size},
+        "image_processor_type": "CLIPImageProcessor", "do_resize": resize, "size": {"shortest_edge": cfg.image_size},
+        "resample": 3, "do_center_crop": resize, "crop_size": {"height": cfg.image_size, "width": cfg.image_size},
         "do_convert_rgb": False, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": list(norm["mean"]), "image_std": list(norm["std"])})
     written.append("its image normalisation")
