@@ -56,4 +56,5 @@ def check_same_structure(a: Mapping, b: Mapping, what_a: str, what_b: str) -> No
                        f"the same model config.")
     da, db = np.dtype(fa[name].dtype), np.dtype(fb[name].dtype)
     if da != db:
-      raise ValueError(f"Parameter {name!r} has dtype {da} in {what_a} but {db} in {what_b}.")
+      raise ValueError(f"Parameter {name!r} has dtype {da} in {what_a} but {db} in {what_b}: cast the tree to "
+                       f"{db} first (jax.tree.map(lambda x: x.astype(jnp.{db}), tree)).")

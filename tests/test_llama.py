@@ -321,3 +321,17 @@ def test_vcycle_trains_and_growth_keeps_the_loss(tmp_path):
   small_end = [r for r in recs if r.get("event") == "end_of_stage" and r["level"] == 1][-1]["eval_loss"]
   grown = next(r for r in recs if r.get("event") == "after_decoalesce")["eval_loss"]
   assert grown == pytest.approx(small_end, abs=1e-4)
+
+
+def test_depth_only_coalescing_takes_any_ffn_width():
+  # SmolLM-135M's shape: FFN 1536 over 9 heads. Width coalescing needs the FFN in head-sized chunks; depth alone not.
+  cfg = M.preset("smollm-135m").replace(num_layers=4, vocab_size=128, max_len=16)
+  m = O.make_mapping(cfg, width_factor=1, depth_growth="zero")
+  assert (m.small.num_layers, m.small.num_heads, m.small.ffn_dim) == (2, 9, 1536)
+  small = O.coalesce(M.init_params(cfg, 0), m)
+  grown = O.decoalesce(small, m)
+  jax.tree.map(np.testing.assert_array_equal, O.coalesce(grown, m), small)
+  x = np.random.default_rng(0).integers(0, 128, (2, 8))
+  np.testing.assert_allclose(M.apply(m.large, grown, x), M.apply(m.small, small, x), rtol=0, atol=1e-5)
+  with pytest.raises(ValueError, match="or keep the width"):
+    O.make_mapping(cfg, width=[[0, 1, 2], [3, 4, 5], [6, 7, 8]], allow_unequal_width_groups=True)

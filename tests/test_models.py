@@ -376,3 +376,14 @@ def test_params_of_another_config_are_named_as_such_not_as_a_scan_length():
     for run in (M.apply, apply_jit):
       with pytest.raises(ValueError, match=r"has shape .* in params but .* both must come from the same model config"):
         run(other, p, x)
+
+
+def test_a_tree_with_parameters_the_config_does_not_have_is_refused_not_run_without_them():
+  import dataclasses
+  untied = M.preset("llama-test")
+  p = M.init_params(untied, 0)
+  x = tokens(untied)
+  with pytest.raises(ValueError, match=r"only in params: \['lm_head/kernel'\]"):  # Flax ignored the head: 9.8 off.
+    M.apply(dataclasses.replace(untied, tie_embeddings=True), p, x)
+  with pytest.raises(ValueError, match=r"only in params: \['extra/kernel'\]"):
+    M.apply(untied, {**p, "extra": p["lm_head"]}, x)

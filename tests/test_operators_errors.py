@@ -82,11 +82,17 @@ def test_interpolate_rejects_mismatched_trees_and_bad_weights():
     (dict(depth=[[0, 1, 2]]), r"layers scheme leaves large indices \[3\] unassigned"),
     (dict(depth=[[0, 1], [1, 2, 3]]), "layers scheme uses large index 1 twice"),
     (dict(depth=[[0, 1], [2, 5]]), "out of range"),
+    # Growth would run the small layers in another order (it permuted the stack: 8 nats off the logits).
+    (dict(depth=[[2, 3], [0, 1]]), r"runs the small layers in another order .* \[\[0, 1\], \[2, 3\]\]"),
+    (dict(depth=[[1, 2], [0, 3]]), "runs the small layers in another order"),
+    (dict(depth=[[0, 1], [2, 3]], depth_mode="middle"), "depth_mode must be one of"),  # Checked beside a scheme too.
+    (dict(width=[[0, 2], [1, 3]], width_factor=1), "both an explicit width scheme and width_factor=1"),
+    (dict(embed_factor="2"), "embed_factor must be a positive number"),
     (dict(width_factor=3), "4 heads by a width factor of 3: the factor must divide"),
     (dict(depth_factor=3), "4 layers by a depth factor of 3: the factor must divide"),
     (dict(width_factor=0), "must divide"),
     (dict(depth_mode="middle"), "depth_mode must be one of"),
-    (dict(embed_factor=0.0), "embed_factor must be positive"),
+    (dict(embed_factor=0.0), "embed_factor must be a positive number"),
 ])
 def test_bad_schemes_raise_clear_errors(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -210,7 +216,7 @@ def test_interpolate_takes_a_real_scalar_weight_and_mixed_container_types():
   from flax.core import freeze
   cfg = BASE["gpt"]
   grown, pre = random_params(cfg, seed=3), random_params(cfg, seed=4)
-  for w in ("0.5", None, True, jnp.array([0.5, 0.5]), np.array(1.5)):
+  for w in ("0.5", None, True, jnp.array([0.5, 0.5]), np.array(1.5), jnp.float32(2.0), jnp.float32(np.nan)):
     with pytest.raises(ValueError, match="w_pre"):
       O.interpolate(grown, pre, w_pre=w)
   mixed = O.interpolate(freeze(grown), pre, w_pre=0.25)  # A FrozenDict beside a dict: the same blend.
@@ -234,7 +240,16 @@ def test_operators_name_a_wrong_mapping_a_wrapped_tree_and_bad_factors_or_levels
     O.make_mapping(cfg, width_factor=2.0)
   with pytest.raises(ValueError, match="both an explicit width scheme and width_factor=4"):
     O.make_mapping(cfg, width=[list(g) for g in m.heads], width_factor=4)
-  with pytest.raises(ValueError, match="levels >= 1"):
-    O.make_chain(cfg, 0)
+  for levels in (0, 2.0):
+    with pytest.raises(ValueError, match="levels, an integer >= 1"):
+      O.make_chain(cfg, levels)
+  zero = O.make_mapping(cfg, depth_growth="zero")
+  grown = O.decoalesce(O.coalesce(params, zero), zero)
+  with pytest.raises(TypeError, match=r"fresh_layers\(grown, fresh, mapping\): mapping must be a LevelMap"):
+    O.fresh_layers(grown, zero, params)  # Arguments swapped.
+  with pytest.raises(TypeError, match=r"split_noise\(grown, mapping, scale=\.\.\.\): mapping must be a LevelMap"):
+    O.split_noise(params, cfg, scale=0.1)
+  with pytest.raises(ValueError, match="scale must be a number >= 0"):
+    O.split_noise(grown, zero, scale="0.1")
   with pytest.raises(ValueError, match=r"make_chain: transition \d+ .* Use fewer levels or a larger model"):
     O.make_chain(cfg, 12)

@@ -47,8 +47,17 @@ def abstract_params(cfg: ModelConfig) -> dict:
   return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
 
 
+@functools.lru_cache(maxsize=64)
+def _param_names(cfg: ModelConfig) -> frozenset:
+  return frozenset(flatten(abstract_params(cfg)))
+
+
 def apply(cfg: ModelConfig, params, *inputs, train: bool = False, rngs=None, **kw):
-  """Runs the model: logits for ``inputs`` (tokens for BERT, GPT and LLaMA, images for DeiT)."""
+  """Runs the model: logits for ``inputs`` (tokens for BERT, GPT and LLaMA, images for DeiT). A tree with other
+  parameters than ``cfg``'s model has (an untied head given to a tied config, an extra entry) is refused, not run
+  without them."""
+  if hasattr(params, "keys") and frozenset(flatten(params)) != _param_names(cfg):
+    check_params(params, cfg)  # Flax would ignore an extra parameter: say which one.
   try:
     return build(cfg).apply({"params": params}, *inputs, train=train, rngs=rngs, **kw)
   except Exception as e:  # Flax and lax speak of scan lengths and initializer shapes; say which tree does not fit.

@@ -25,7 +25,7 @@ from multilevel.models import axes as A
 from multilevel.models import check_params
 from multilevel.operators.finite import require_finite
 from multilevel.operators.groups import GroupMap
-from multilevel.operators.mapping import LevelMap
+from multilevel.operators.mapping import LevelMap, check_mapping
 from multilevel.tree import flatten, unflatten
 
 
@@ -82,12 +82,6 @@ def _transform(params: Mapping, m: LevelMap, axis_fn, order, depth_residual_fn):
   return unflatten(out)
 
 
-def _check_mapping(mapping, op: str) -> None:
-  if not isinstance(mapping, LevelMap):
-    raise TypeError(f"{op}(params, mapping): mapping must be a LevelMap from operators.make_mapping(config), got "
-                    f"{type(mapping).__name__}.")
-
-
 def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_finite: bool = True) -> dict:
   """Merges heads, hidden and FFN units, then layers: the parameters of ``mapping.small``.
 
@@ -96,7 +90,7 @@ def coalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_fi
   naming the parameter. With ``check_finite`` a NaN or an infinity raises ValueError naming the parameter; the check
   reads concrete arrays only, so it is skipped under jit.
   """
-  _check_mapping(mapping, "coalesce")
+  check_mapping(mapping, "coalesce(params, mapping)")
   if check:
     check_params(params, mapping.large, "the tree to coalesce")
   if check_finite:
@@ -113,7 +107,7 @@ def decoalesce(params: Mapping, mapping: LevelMap, *, check: bool = True, check_
   the pre-LN families' (GPT, DeiT) with ``depth_growth='zero'``, whose extra layers start as identities, and not
   with 'copy' (the default) or 'scaled'. ``check`` and ``check_finite`` as for ``coalesce``.
   """
-  _check_mapping(mapping, "decoalesce")
+  check_mapping(mapping, "decoalesce(params, mapping)")
   if check:
     check_params(params, mapping.small, "the tree to de-coalesce")
   if check_finite:

@@ -26,7 +26,7 @@ def interpolate(grown: Mapping, pre: Mapping, *, w_pre: float, check_finite: boo
   if isinstance(w_pre, (jax.Array, np.ndarray)):
     if w_pre.ndim != 0:
       raise ValueError(f"w_pre must be a scalar weight in [0, 1], got an array of shape {w_pre.shape}.")
-    if isinstance(w_pre, np.ndarray) and not 0.0 <= float(w_pre) <= 1.0:
+    if not isinstance(w_pre, jax.core.Tracer) and not 0.0 <= float(w_pre) <= 1.0:  # (A traced one is unknown.)
       raise ValueError(f"w_pre is the weight of the pre-coalescing model and must lie in [0, 1], got {w_pre}.")
   elif isinstance(w_pre, bool) or not isinstance(w_pre, (int, float, np.number)) or not 0.0 <= float(w_pre) <= 1.0:
     raise ValueError(f"w_pre is the weight of the pre-coalescing model and must be a number in [0, 1], got "

@@ -20,8 +20,8 @@ import numpy as np
 
 from multilevel.models import FAMILY, ModelConfig
 from multilevel.models import axes as A
-from multilevel.operators.groups import (GroupMap, Groups, check_groups, default_depth_groups, default_width_groups,
-                                         kv_groups)
+from multilevel.operators.groups import (DEPTH_MODES, GroupMap, Groups, check_groups, default_depth_groups,
+                                         default_width_groups, kv_groups)
 
 DEPTH_GROWTH = ("copy", "scaled", "zero")
 
@@ -80,6 +80,8 @@ class LevelMap:
 
   @functools.cached_property
   def ffn_map(self) -> GroupMap:
+    if not self.changes_width:  # Any FFN width, divisible by the heads or not (SmolLM's 1536 over 9 heads).
+      return GroupMap.from_groups(tuple((i,) for i in range(self.large.ffn_dim)), self.large.ffn_dim)
     return self.head_map.expand(self.large.ffn_dim // self.large.num_heads)
 
   @functools.cached_property
@@ -89,6 +91,10 @@ class LevelMap:
   @property
   def changes_depth(self) -> bool:
     return len(self.layers) != self.large.num_layers
+
+  @property
+  def changes_width(self) -> bool:
+    return not _identity(self.heads)
 
   def roles(self, name: str, ndim: int) -> tuple:
     """The axis roles (``multilevel.models.axes``) of parameter ``name`` with ``ndim`` axes, from the family table.
@@ -152,15 +158,24 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
   for name, factor, scheme in (("width_factor", width_factor, width), ("depth_factor", depth_factor, depth)):
     if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)):
       raise TypeError(f"make_mapping: {name} must be an integer (2 halves, 1 keeps), got {factor!r}.")
-    if scheme is not None and factor not in (2, 1):  # 2 is the default; 1 would say "keep" beside a scheme.
+    if scheme is not None and (factor not in (2, 1) or (factor == 1 and _merges(scheme))):  # (2 is the default.)
       raise ValueError(f"make_mapping got both an explicit {name.split('_')[0]} scheme and {name}={factor}: the "
                        f"scheme decides the grouping, so leave {name} at its default.")
+  if depth_mode not in DEPTH_MODES:
+    raise ValueError(f"depth_mode must be one of {DEPTH_MODES}, got {depth_mode!r}.")
   heads = default_width_groups(large.num_heads, width_factor) if width is None else width
   heads = check_groups(heads, large.num_heads, "heads")
   layers = default_depth_groups(large.num_layers, depth_factor, depth_mode) if depth is None else depth
   layers = check_groups(layers, large.num_layers, "layers")
+  firsts = [g[0] for g in layers]
+  if firsts != sorted(firsts):
+    order = sorted(layers, key=lambda g: g[0])
+    raise ValueError(f"The depth scheme {[list(g) for g in layers]} runs the small layers in another order than the "
+                     f"large model: the first layer listed in each entry (where growth puts that small layer's "
+                     f"function; {firsts}) must increase from entry to entry, or the grown model runs its stack "
+                     f"out of order. List the entries in layer order, e.g. {[list(g) for g in order]}.")
   if preln_exact and not FAMILY[large.family].pre_ln:
-    raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit); {large.family} is post-LN and its width "
+    raise ValueError(f"preln_exact applies to pre-LN models (gpt, deit, llama); {large.family} is post-LN and its width "
                      f"growth is already function-preserving. Leave preln_exact=False.")
   sizes = sorted({len(g) for g in heads})
   if preln_exact and len(sizes) > 1:
@@ -174,22 +189,44 @@ def make_mapping(large: ModelConfig, *, width=None, depth=None, width_factor: in
                      f"model cannot compute the small model's function: LayerNorm averages over the hidden units, "
                      f"where the copies of a larger group weigh more. Use groups of equal size, or pass "
                      f"allow_unequal_width_groups=True to accept that growth changes the function.")
-  if embed_factor is not None and not embed_factor > 0:
-    raise ValueError(f"embed_factor must be positive (or None for the group size), got {embed_factor}.")
+  if embed_factor is not None and (isinstance(embed_factor, bool) or not isinstance(
+      embed_factor, (int, float, np.integer, np.floating)) or not embed_factor > 0):
+    raise ValueError(f"embed_factor must be a positive number (or None for the group size), got {embed_factor!r}.")
   if depth_growth not in DEPTH_GROWTH:
     raise ValueError(f"depth_growth must be one of {DEPTH_GROWTH}, got {depth_growth!r}.")
-  if large.ffn_dim % large.num_heads:
+  if large.ffn_dim % large.num_heads and not _identity(heads):
     raise ValueError(f"The FFN width {large.ffn_dim} is not a multiple of num_heads={large.num_heads}: width "
                      f"coalescing merges the FFN units in num_heads chunks alongside the heads. Pick an FFN width "
-                     f"(ffn_size) divisible by the number of heads.")
+                     f"(ffn_size) divisible by the number of heads, or keep the width (width_factor=1: depth only).")
   kv, small_kv = (), large.num_kv_heads and len(heads)  # Without GQA, key/value heads are the query heads.
   if large.kv_heads != large.num_heads:
     kv = kv_groups(large, heads)
     small_kv = len(kv)
-  small_ffn = large.ffn_size // large.num_heads * len(heads) if large.ffn_size else 0
+  small_ffn = large.ffn_size // large.num_heads * len(heads) if large.ffn_size and not _identity(heads) else \
+      large.ffn_size
   small = large.replace(num_heads=len(heads), num_layers=len(layers), num_kv_heads=small_kv, ffn_size=small_ffn)
   return LevelMap(large, small, heads, layers, None if embed_factor is None else float(embed_factor),
                   bool(preln_exact), depth_growth, kv)
+
+
+def check_mapping(mapping, call: str) -> None:
+  """TypeError unless ``mapping`` is a LevelMap; ``call`` is the operator's signature, to show where it goes."""
+  if not isinstance(mapping, LevelMap):
+    raise TypeError(f"{call}: mapping must be a LevelMap from operators.make_mapping(config), got "
+                    f"{type(mapping).__name__}.")
+
+
+def _merges(scheme) -> bool:
+  """A scheme (as given, before validation) with an entry that merges several units."""
+  try:
+    return any(len(g) > 1 for g in scheme)
+  except TypeError:
+    return False  # Not a list of lists: check_groups says so.
+
+
+def _identity(groups) -> bool:
+  """Every unit kept as it is: groups (0,), (1,), ..."""
+  return all(tuple(g) == (i,) for i, g in enumerate(groups))
 
 
 class ChainError(ValueError):
@@ -213,7 +250,7 @@ def make_chain(large: ModelConfig, levels: int, *, widths=None, depths=None, **k
       raise ValueError(f"make_chain got one explicit {one} scheme for {levels - 1} transitions; a scheme indexes one "
                        f"level's model only. Pass {many}=[scheme per transition] (None for the default).")
   if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
-    raise ValueError(f"make_chain needs levels >= 1 (1 = the large model alone), got {levels!r}.")
+    raise ValueError(f"make_chain needs levels, an integer >= 1 (1 = the large model alone), got {levels!r}.")
   n = levels - 1
   for name, seq in (("widths", widths), ("depths", depths)):
     if seq is not None and len(seq) != n:

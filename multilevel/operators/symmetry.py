@@ -23,12 +23,13 @@ from typing import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from multilevel.models import axes as A
 from multilevel.models import check_params
 from multilevel.operators.finite import require_finite
 from multilevel.operators.groups import GroupMap
-from multilevel.operators.mapping import LevelMap
+from multilevel.operators.mapping import LevelMap, check_mapping
 from multilevel.tree import flatten, unflatten
 
 READ_SIDES = (A.HIDDEN_IN, A.HEADS_IN, A.FFN_IN)
@@ -56,8 +57,9 @@ def split_noise(grown: Mapping, mapping: LevelMap, *, scale: float, seed: int = 
   Returns a new tree. When the copies in ``grown`` are exact (a de-coalesced tree, before interpolation), the
   model computes the same function up to fp32 rounding.
   """
-  if not float(scale) >= 0.0:
-    raise ValueError(f"split_noise scale must be >= 0 (relative noise level), got {scale}.")
+  check_mapping(mapping, "split_noise(grown, mapping, scale=...)")
+  if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not scale >= 0.0:
+    raise ValueError(f"split_noise scale must be a number >= 0 (relative noise level), got {scale!r}.")
   if check:
     check_params(grown, mapping.large, "the tree to break the symmetry of")
   if check_finite:
@@ -89,7 +91,8 @@ def fresh_layers(grown: Mapping, fresh: Mapping, mapping: LevelMap, *, check: bo
   FFN's input side, their norms) from ``fresh``, a random initialisation of ``mapping.large``, and keep the zero
   outputs: the function is the grown model's (exactly, for pre-LN families), but the new layers' features are new
   rather than a neighbour's. The first layer of each group is ``grown``'s, as are all parameters without a layer
-  axis (embeddings, the final norm).
+  axis (embeddings, the final norm). Apply it after ``split_noise``, not before: the noise keeps the function only
+  over exact copies, and the added layers' residual outputs are set to zero here, whatever ``grown`` holds there.
 
   Args:
     grown: parameters of ``mapping.large``, normally ``decoalesce(small, mapping)`` (optionally split-noised).
@@ -98,6 +101,7 @@ def fresh_layers(grown: Mapping, fresh: Mapping, mapping: LevelMap, *, check: bo
     check: require both trees to have exactly the structure and shapes of a ``mapping.large`` model.
     check_finite: refuse a NaN or an infinity in either tree (skipped under jit).
   """
+  check_mapping(mapping, "fresh_layers(grown, fresh, mapping)")
   if not mapping.changes_depth:
     raise ValueError(f"fresh_layers replaces the layers that depth growth adds, but this mapping keeps the depth "
                      f"({mapping.large.num_layers} layers at both levels); there is nothing to draw fresh.")
@@ -117,8 +121,11 @@ def fresh_layers(grown: Mapping, fresh: Mapping, mapping: LevelMap, *, check: bo
   for name, x in flatten(grown).items():
     x = jnp.array(x)
     roles = mapping.roles(name, x.ndim)
-    if A.LAYERS in roles and A.RESIDUAL not in roles:
+    if A.LAYERS in roles:
       axis = roles.index(A.LAYERS)
-      x = jnp.where(mapping.layer_map.broadcast(added, x.ndim, axis), jnp.asarray(new[name], x.dtype), x)
+      # The residual outputs are set to zero again, not kept: noise that split_noise put there cancels only over
+      # copies, which the fresh weights are not.
+      value = jnp.zeros_like(x) if A.RESIDUAL in roles else jnp.asarray(new[name], x.dtype)
+      x = jnp.where(mapping.layer_map.broadcast(added, x.ndim, axis), value, x)
     out[name] = x
   return unflatten(out)
