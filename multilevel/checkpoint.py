@@ -46,6 +46,13 @@ class CheckpointError(RuntimeError):
   """A checkpoint is missing, unreadable, or belongs to another run."""
 
 
+def after_divergence(directory: str) -> str:
+  """What to do after a run diverged (a NaN loss or parameter), said the same way wherever it is found."""
+  return (f"Nothing was saved after it: the last good checkpoint is in {directory}, and the same command resumes "
+          f"from there with the same config. To train with a lower train.lr or a longer warm-up, start again in a "
+          f"new --workdir (a resumed run keeps its config); or check the data.")
+
+
 class Checkpointer:
   """Saves and restores ``(state tree, meta dict)`` pairs under ``directory``; ids are a save counter.
 

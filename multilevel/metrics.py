@@ -71,6 +71,14 @@ class MetricsWriter:
       logging.warning("%s holds %d records where the checkpoint resumed from counts %d: the records before it were "
                       "deleted or cut short. Training continues and appends from here; the history that is gone is "
                       "not in the file (nor in plots made from it).", self.path, len(lines), n)
+    kept = []  # Parsed, TensorBoard or not: a damaged line would count as a record and push a real one out.
+    for number, ln in enumerate(lines[:n], 1):
+      try:
+        kept.append(json.loads(ln))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{self.path}, record {number}, is not a JSON record ({e}): the file was edited or "
+                         f"damaged. Delete that line (or the file, losing the curve before the checkpoint) and run "
+                         f"the same command again.") from None
     tmp = self.path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join(ln + "\n" for ln in lines[:n]))
@@ -78,14 +86,6 @@ class MetricsWriter:
     self._f = open(self.path, "a", encoding="utf-8", buffering=1)
     self.count = min(n, len(lines))
     if self._tb_dir is not None:
-      kept = []
-      for number, ln in enumerate(lines[:n], 1):
-        try:
-          kept.append(json.loads(ln))
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{self.path}, record {number}, is not a JSON record ({e}): the file was edited or "
-                           f"damaged. Delete that line (or the file, losing the curve before the checkpoint) and run "
-                           f"the same command again.") from None
       # Events from the last kept step on are hidden and that step's kept records written again: a transition at
       # that step, logged again by the resumed run, then appears once. The same on the FLOPs axis.
       last = max((int(r.get("step", 0)) for r in kept), default=-1)

@@ -27,10 +27,14 @@ class WorkdirLock:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise NotADirectoryError(f"--workdir={workdir} is a file, not a folder: name a folder (it is created if "
                                f"missing).")
-    os.makedirs(workdir, exist_ok=True)
     name = ".lock" if process_index == 0 else f".lock.{process_index}"
     self.path = os.path.join(workdir, name)
-    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise PermissionError(f"Cannot write in --workdir={workdir} ({e.strerror}): a run keeps its checkpoints and "
+                            f"metrics there. Make it writable, or choose another --workdir.") from None
     try:
       fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -213,3 +213,17 @@ def test_a_run_refused_after_taking_the_workdir_leaves_nothing_there(tmp_path):
   with pytest.raises(ValueError, match="holds no text"):
     Runner(tiny_config("gpt", levels=1, **{"data.files": str(blank)}), str(tmp_path / "kept"))
   assert sorted(os.listdir(tmp_path / "kept")) == [".lock", "notes.txt"]
+
+
+def test_a_workdir_that_cannot_be_written_says_so_and_what_to_do(tmp_path, monkeypatch):
+  import errno
+
+  from multilevel import workdir as W
+
+  def read_only(path, *a):
+    raise OSError(errno.EROFS, "Read-only file system", path)
+
+  monkeypatch.setattr(W.os, "open", read_only)  # (Root writes through chmod; a read-only mount is what users meet.)
+  with pytest.raises(PermissionError, match=r"Cannot write in --workdir=.* \(Read-only file system\).*Make it "
+                                            r"writable, or choose another --workdir"):
+    WorkdirLock(str(tmp_path / "w"))

@@ -136,3 +136,11 @@ def test_a_run_stops_its_small_stage_gives_the_rest_to_the_target_and_resumes_bi
   assert stable(read_jsonl(str(work / "metrics.jsonl"))) == stable(records)
   with open(work / "run.json") as f:
     assert json.load(f)["config"]["cycle"]["small_stop"] == "frontier"
+  # The rule decides at evaluations, so their spacing is part of the run here (a resume at eval_every=4 stopped
+  # the stage elsewhere, silently): refused.
+  from multilevel.checkpoint import CheckpointError
+  from multilevel.cycles.driver import train_and_evaluate
+  other = tiny_config("gpt", **{**RUN, "train.eval_every": 4},
+                      **{"cycle.small_stop": "frontier", "cycle.target_frontier": CHEAP})
+  with pytest.raises(CheckpointError, match=r"different config: train.eval_every"):
+    train_and_evaluate(other, str(work))

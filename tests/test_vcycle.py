@@ -105,6 +105,38 @@ def test_nan_loss_stops_with_step_and_level(tmp_path):
     train_and_evaluate(c, str(tmp_path))
 
 
+def test_parameters_that_diverge_at_the_last_step_are_never_saved_and_the_run_resumes_before_them(tmp_path,
+                                                                                                monkeypatch):
+  import jax
+  import jax.numpy as jnp
+
+  from multilevel.cycles.driver import Runner
+  c = tiny_config("gpt", levels=1)
+  last = c.train.steps - 1
+  compile_ = Runner.compile
+
+  def compile_with_a_bad_last_update(self, build):  # The last step's loss is finite (taken before its update) ...
+    step = compile_(self, build)
+
+    def run(*args):
+      out = step(*args)
+      if len(args) == 3 and int(args[2]) == last:  # ... but the update makes the parameters NaN.
+        state, metrics = out
+        out = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params)), metrics
+      return out
+    return run
+
+  monkeypatch.setattr(Runner, "compile", compile_with_a_bad_last_update)
+  with pytest.raises(FloatingPointError, match=rf"holds a NaN or an infinity at global step {last + 1} \(stage "
+                                               r"0:scratch@L0, level 0\), though the training loss was finite.*"
+                                               r"the same command resumes from there"):
+    train_and_evaluate(c, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run" / "summary.json")  # It was written with a NaN loss, exit 0.
+  monkeypatch.undo()
+  resumed = train_and_evaluate(c, str(tmp_path / "run"))  # From the last good checkpoint: the run as if unbroken.
+  assert resumed["params_sha256"] == train_and_evaluate(c, str(tmp_path / "whole"))["params_sha256"]
+
+
 def test_a_fresh_small_start_is_the_small_model_trained_alone_then_grown_losslessly(tmp_path):
   """``cycle.small_init='fresh'``: no down stage; the bottom stage is, bit for bit, a scratch run of the small model
   with the same schedule (same init, data order and learning rates: what the planner's pilots measure), and the

@@ -27,13 +27,14 @@ import numpy as np
 from absl import logging
 
 from multilevel import models as M
-from multilevel.checkpoint import Checkpointer, CheckpointError, quiet_orbax_logs
+from multilevel.checkpoint import Checkpointer, CheckpointError, after_divergence, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.resume import checkpoint, fresh, replan, restore
 from multilevel.cycles.run_config import RunConfig, data_config, model_config, objective_config, resolved_config
 from multilevel.cycles.transitions import transition
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
+from multilevel.operators.finite import first_nonfinite
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
                               tokens_per_example)
 from multilevel.train.views import FULL
@@ -141,7 +142,7 @@ class Runner:
     self.plan: Plan = self.method.build_plan(self.model, run.cycle, tc)
     self.objective = objective_config(run, self.model, self.info)
     self.evaluate = Evaluator(self.eval_batches, self.mesh)
-    self.cfg_json = resolved_config(run, self.model)
+    self.cfg_json = resolved_config(run, self.model, adaptive=any(s.stop is not None for s in self.plan.stages))
     quiet_orbax_logs()
     self.ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), keep=run.checkpoint.keep,
                              async_save=run.checkpoint.async_save, verify=run.checkpoint.verify)
@@ -209,6 +210,13 @@ class Runner:
   def save(self, state: TrainState, held: dict) -> None:
     """Saves the run where it stands (``resume.checkpoint``) as checkpoint ``pos.save_id``; ``resume.restore``
     reads the latest one back."""
+    bad = first_nonfinite(state.params)  # A last update can diverge with a finite loss (computed before it).
+    if bad is not None:
+      stage = self.plan.stages[self.pos.stage]
+      raise FloatingPointError(
+          f"Parameter {bad!r} holds a NaN or an infinity at global step {self.pos.global_step} (stage {stage.name}, "
+          f"level {stage.level}), though the training loss was finite: an update diverged (an infinite gradient, "
+          f"an overflow). {after_divergence(self.ckpt.directory)}")
     self.writer.flush()
     tree, meta = checkpoint(self, state, held)
     self.ckpt.save(self.pos.save_id, tree, meta)  # Device arrays: Orbax writes each process's shards itself.
@@ -300,8 +308,7 @@ class Runner:
     if not math.isfinite(loss):
       raise FloatingPointError(
           f"Training loss is {loss} at global step {g} (stage {stage.name}, level {stage.level}, "
-          f"L{cfg.num_layers}/d{cfg.width}). Nothing was saved after it; the last good checkpoint is in "
-          f"{self.ckpt.directory}. Lower train.lr, lengthen warm-up, or check the data.")
+          f"L{cfg.num_layers}/d{cfg.width}). {after_divergence(self.ckpt.directory)}")
     return loss
 
   def _at_boundary(self, state, held, stage: Stage, train_loss: float, lr: float, done: bool, due_eval: bool,

@@ -23,8 +23,10 @@ from multilevel.train.objectives import ObjectiveConfig
 from multilevel.typed_config import ConfigError, as_mapping, coerce, section_from
 
 # Settings that do not change what is trained; a resumed run may change them freely.
+# A run resumes on a mesh of another shape (bit-exact on the same one); train.eval_every is recorded where an adaptive
+# stage's end is decided at evaluations (resolved_config).
 NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices",
-                "train.mesh")  # A run resumes on a mesh of another shape (bit-exact on the same one).
+                "train.mesh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,13 +128,16 @@ def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfi
                          mixup_alpha=tc.mixup_alpha, max_logits=tc.max_logits)
 
 
-def resolved_config(run: RunConfig, model: ModelConfig) -> dict:
-  """The JSON form of everything that determines the trained parameters (checked when a run resumes)."""
+def resolved_config(run: RunConfig, model: ModelConfig, adaptive: bool = False) -> dict:
+  """The JSON form of everything that determines the trained parameters (checked when a run resumes). With
+  ``adaptive`` (a plan whose stage ends where an evaluation decides it), ``train.eval_every`` is recorded too."""
   d = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
   d = json.loads(json.dumps({k: v.as_dict() if isinstance(v, CycleConfig) else dataclasses.asdict(v)
                              if dataclasses.is_dataclass(v) else v for k, v in d.items()}, default=str))
   d["model"] = json.loads(json.dumps(model.to_dict()))
   for key in NOT_RECORDED:
+    if adaptive and key == "train.eval_every":
+      continue
     parts = key.split(".")
     node = d
     for p in parts[:-1]:

@@ -18,8 +18,8 @@ import jax
 from absl import logging
 
 from multilevel import models as M
-from multilevel import operators as O
-from multilevel.checkpoint import Checkpointer
+from multilevel.checkpoint import Checkpointer, after_divergence
+from multilevel.operators.finite import first_nonfinite
 from multilevel.cycles.plan import Method, Plan, Stage, Transition
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.run_config import RunConfig
@@ -108,12 +108,12 @@ def transition(runner: Host, state: TrainState, held: dict, src: Stage, dst: Sta
   as events and not timed. Returns the next stage's state and the snapshots held from then on."""
   plan = runner.plan
   t = runner.method.transition(plan, src, dst)
-  try:  # The operators run under jit, where they cannot look at values: one eager check of what they receive.
-    O.require_finite(state.params, f"stage {src.name}")
-  except ValueError as e:
-    raise FloatingPointError(f"{e} Global step {runner.pos.global_step}, before the transition into stage "
-                             f"{dst.name}; nothing was saved after it, the last good checkpoint is in "
-                             f"{runner.ckpt.directory}.") from None
+  # The operators run under jit, where they cannot look at values: one eager check of what they receive.
+  bad = first_nonfinite(state.params)
+  if bad is not None:
+    raise FloatingPointError(f"Parameter {bad!r} of stage {src.name} holds a NaN or an infinity at global step "
+                             f"{runner.pos.global_step}, before the transition into stage {dst.name}. "
+                             f"{after_divergence(runner.ckpt.directory)}")
 
   def compile_part(fn, carry):  # Compiled ahead (compile seconds); the clock then runs over the part's execution.
     outs = _part_shardings(jax.eval_shape(fn, carry), t, plan, runner.mesh, lambda: runner.steps_for(dst).shardings)

@@ -21,25 +21,31 @@ def _finite_flags(leaves):
   return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
 
 
-def require_finite(tree: Mapping, what: str) -> None:
-  """Raises ValueError naming the first parameter of ``tree`` (in path order) that holds a NaN or an infinity.
+def first_nonfinite(tree: Mapping) -> str | None:
+  """The path of the first parameter of ``tree`` (in path order) that holds a NaN or an infinity, else None.
 
-  One reduction over the tree on concrete arrays. Under ``jax.jit`` (or any other transformation) the values are
-  tracers that cannot be inspected at trace time, so nothing is checked there.
+  One reduction over the tree on concrete arrays (sharded ones too: the flags come back replicated). Under
+  ``jax.jit`` (or any other transformation) the values are tracers that cannot be inspected at trace time: None.
   """
   flat = flatten(tree)
   names = sorted(flat)
   leaves = [flat[n] for n in names]
   if not leaves or any(isinstance(x, jax.core.Tracer) for x in leaves):
-    return
+    return None
   flags = _finite_flags(leaves)
   if isinstance(flags, jax.core.Tracer):  # Concrete arrays closed over by a function being traced.
-    return
+    return None
   flags = np.asarray(flags)
-  if flags.all():
+  return None if flags.all() else names[int(np.argmin(flags))]
+
+
+def require_finite(tree: Mapping, what: str) -> None:
+  """Raises ValueError naming the first parameter of ``tree`` (in path order) that holds a NaN or an infinity
+  (``first_nonfinite``); nothing is checked under a transformation."""
+  name = first_nonfinite(tree)
+  if name is None:
     return
-  name = names[int(np.argmin(flags))]
-  x = np.asarray(flat[name])
+  x = np.asarray(flatten(tree)[name])
   raise ValueError(f"Parameter {name!r} of {what} holds {int(np.isnan(x).sum())} NaN and {int(np.isinf(x).sum())} "
                    f"infinite values (the first such parameter in path order). A tree like this most likely comes "
                    f"from a run that diverged: look at the loss before this point, or go back to an earlier "
