@@ -50,6 +50,10 @@ def check_same_structure(a: Mapping, b: Mapping, what_a: str, what_b: str) -> No
     raise ValueError(f"{what_a} and {what_b} have different parameters: only in {what_a}: {only_a[:5]}; only in "
                      f"{what_b}: {only_b[:5]}. Both must come from the same model config.")
   for name in sorted(fa):
+    for tree, what in ((fa, what_a), (fb, what_b)):
+      if not hasattr(tree[name], "dtype"):
+        raise TypeError(f"Parameter {name!r} of {what} is a {type(tree[name]).__name__}, not an array: give arrays "
+                        f"(jax.tree.map(jnp.asarray, tree, is_leaf=lambda x: isinstance(x, list)) converts lists).")
     sa, sb = tuple(np.shape(fa[name])), tuple(np.shape(fb[name]))
     if sa != sb:
       raise ValueError(f"Parameter {name!r} has shape {sa} in {what_a} but {sb} in {what_b}; both must come from "

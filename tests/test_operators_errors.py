@@ -253,3 +253,22 @@ def test_operators_name_a_wrong_mapping_a_wrapped_tree_and_bad_factors_or_levels
     O.split_noise(grown, zero, scale="0.1")
   with pytest.raises(ValueError, match=r"make_chain: transition \d+ .* Use fewer levels or a larger model"):
     O.make_chain(cfg, 12)
+
+
+def test_numpy_schemes_are_taken_and_lists_or_shapes_as_leaves_are_named():
+  import functools
+
+  from multilevel import models as M
+  cfg = BASE["gpt"]
+  by_array = O.make_mapping(cfg, width=np.array([[0, 2], [1, 3]]), depth=[np.array([0, 1]), np.array([2, 3])])
+  assert by_array == O.make_mapping(cfg, width=[[0, 2], [1, 3]], depth=[[0, 1], [2, 3]])
+  m = O.make_mapping(cfg)
+  params = random_params(cfg, seed=6)
+  flat = flatten(params)
+  flat["ln_final/scale"] = flat["ln_final/scale"].tolist()
+  with pytest.raises(TypeError, match=r"'ln_final/scale' of the tree to coalesce is a list, not an array"):
+    O.coalesce(unflatten(flat), m)
+  with pytest.raises(TypeError, match=r"holds shapes .*run the operator under jax.eval_shape"):
+    O.coalesce(M.abstract_params(cfg), m)
+  shapes = jax.eval_shape(functools.partial(O.coalesce, mapping=m, check_finite=False), M.abstract_params(cfg))
+  assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(np.shape, O.coalesce(params, m))

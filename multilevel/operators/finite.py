@@ -32,6 +32,10 @@ def first_nonfinite(tree: Mapping) -> str | None:
   leaves = [flat[n] for n in names]
   if not leaves or any(isinstance(x, jax.core.Tracer) for x in leaves):
     return None
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+    raise TypeError("The tree holds shapes (jax.ShapeDtypeStruct, e.g. models.abstract_params), not values: to map "
+                    "shapes only, run the operator under jax.eval_shape (with check_finite=False); to map values, "
+                    "give arrays.")
   flags = _finite_flags(leaves)
   if isinstance(flags, jax.core.Tracer):  # Concrete arrays closed over by a function being traced.
     return None

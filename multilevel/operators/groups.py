@@ -129,10 +129,14 @@ class GroupMap:
 
 
 def check_groups(groups, n_large: int, what: str) -> Groups:
+  if isinstance(groups, np.ndarray):  # An (n_small, k) array of indices, or its rows: taken as the lists they hold.
+    groups = groups.tolist()
   if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
     raise ValueError(f"The {what} scheme must be a list of lists of indices, got {groups!r}.")
   out, seen = [], {}
   for i, entry in enumerate(groups):
+    if isinstance(entry, np.ndarray):
+      entry = entry.tolist()
     if isinstance(entry, (int, np.integer)) or not isinstance(entry, Sequence) or len(entry) == 0:
       raise ValueError(f"{what} scheme entry {i} is {entry!r}; each entry must be a non-empty list of large-model "
                        f"{what} indices merged into small {what} {i}.")
