@@ -99,6 +99,7 @@ def test_stackbert_doubles_and_mslt_adds_top_layers_then_trains_all():
     ("gstack", {"growth_frac": 1.0}, r"growth_frac .* must be in \(0, 1\)"),
     ("stackbert", {"stages": 4, "fracs": (0.1, 0.1, 0.1, 0.7)}, r"multiple of 8"),
     ("stackbert", {"fracs": (0.5, 0.5)}, r"one positive share per stage \(3\)"),
+    ("stackbert", {"fracs": (0.1, 0.2, 0.3)}, r"must add up to 1, got \[0.1, 0.2, 0.3\] \(sum 0.6\)"),
     ("mslt", {"stages": 3}, r"must divide the target's 4 layers"),
     ("mslt", {"final_frac": 1.0}, r"final_frac must be in \[0, 1\)"),
 ])

@@ -67,6 +67,13 @@ def test_width_copies_that_nothing_tells_apart_are_refused_with_what_breaks_them
     ({"cycle.small_frac": 0.0}, "small_frac gives 0 steps"),
     ({"cycle.levels": 4}, "Cannot shrink"),
     ({"cycle.width_schemes": "[[[0, 1], [1, 2]]]", "cycle.levels": 2}, "twice"),
+    # Shares above 1 trained past the budget (a 150% bottom stage), and lr_scales were named only as a peak rate.
+    ({"cycle.small_frac": 1.5}, r"cycle.small_frac are shares of train.steps and must lie in \[0, 1\]"),
+    ({"cycle.down_fracs": (3.0, 0.05)}, r"cycle.down_fracs are shares"),
+    ({"cycle.lr_scales": (1.0, -4.0)}, r"cycle.lr_scales .* must be positive"),
+    # Another method's options are not read by this one: refused, not ignored (and then recorded).
+    ({"cycle.msg.ramp_frac": 0.2}, r"cycle.msg.ramp_frac is an option of method 'msg', but this run's cycle.method "
+                                   r"is 'vcycle'"),
 ])
 def test_bad_schedules_raise_clear_errors(override, message):
   with pytest.raises(ValueError, match=message):

@@ -146,6 +146,7 @@ def test_a_fresh_small_start_is_the_small_model_trained_alone_then_grown_lossles
   c = tiny_config("gpt", levels=2, deep=True, **shape, **{"cycle.small_init": "fresh"})
   s = train_and_evaluate(c, str(tmp_path / "vcycle"))
   assert [p["kind"] for p in s["per_stage"]] == ["bottom", "up"] and s["per_stage"][0]["model"].startswith("L2/")
+  assert s["per_stage"][0]["model"].endswith(f"/f{4 * 32}")  # The FFN width too (MSG's stages differ only there).
   recs = read_jsonl(os.path.join(tmp_path, "vcycle", "metrics.jsonl"))
   small_end = next(r for r in recs if r.get("event") == "end_of_stage" and r["level"] == 1)
   assert [r["event"] for r in recs if r.get("event", "").startswith("after_")] == ["after_decoalesce"]

@@ -189,9 +189,31 @@ class CycleConfig:
                         f"{self.small_warmup_steps}.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
+    for name in ("down_fracs", "up_fracs", "small_frac"):  # Shares of train.steps (1.5 trained 150% of it).
+      values = getattr(self, name)
+      for v in values if isinstance(values, (list, tuple)) else (values,):
+        if not 0.0 <= float(v) <= 1.0:
+          raise ConfigError(f"cycle.{name} are shares of train.steps and must lie in [0, 1], got {values!r}.")
+    if any(not float(v) > 0 for v in self.lr_scales):
+      raise ConfigError(f"cycle.lr_scales (each level's peak learning rate over train.lr) must be positive, got "
+                        f"{tuple(self.lr_scales)!r}.")
+    for name, options in _METHOD_SECTIONS.items():  # Another method's options are not read: say so, not ignore them.
+      if name != self.method:
+        changed = _changed(getattr(self, name), options())
+        if changed:
+          raise ConfigError(f"cycle.{name}.{changed[0]} is an option of method {name!r}, but this run's "
+                            f"cycle.method is {self.method!r}, which does not read it. Leave cycle.{name}.* out, or "
+                            f"set cycle.method={name!r}.")
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CycleConfig))
+_METHOD_SECTIONS = {"gstack": GStackConfig, "stackbert": StackBertConfig, "mslt": MsltConfig, "ligo": LigoConfig,
+                    "msg": MsgConfig, "core": CoreConfig}
+
+
+def _changed(options, defaults) -> list[str]:
+  """The fields of an options dataclass that differ from its defaults."""
+  return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(defaults, f.name)]
 
 
 def build_plan(model: ModelConfig, cycle, train) -> Plan:

@@ -362,7 +362,7 @@ class Runner:
     per_stage = []
     for st, rec in zip(self.plan.stages, pos.per_stage):
       c = self.plan.levels[st.level]
-      per_stage.append(dict(vars(rec), kind=st.kind, level=st.level, model=f"L{c.num_layers}/d{c.width}/h{c.num_heads}",
+      per_stage.append(dict(vars(rec), kind=st.kind, level=st.level, model=f"L{c.num_layers}/d{c.width}/h{c.num_heads}/f{c.ffn_dim}",
                             params=M.num_params(M.abstract_params(c))))
     summary = {
         "final_eval_loss": ev["eval_loss"],

@@ -67,6 +67,9 @@ class StackBertConfig:
     if len(self.fracs) != self.stages or any(not f > 0 for f in self.fracs):
       raise ConfigError(f"cycle.stackbert.fracs needs one positive share per stage ({self.stages}), got "
                         f"{list(self.fracs)}.")
+    if abs(sum(self.fracs) - 1.0) > 1e-6:  # Shares of train.steps: (0.1, 0.2, 0.3) was silently stretched to all.
+      raise ConfigError(f"cycle.stackbert.fracs are the stages' shares of train.steps and must add up to 1, got "
+                        f"{list(self.fracs)} (sum {sum(self.fracs):g}); to train fewer steps, lower train.steps.")
     if self.lr_schedule not in LR_SCHEDULES:
       raise ConfigError(f"cycle.stackbert.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
 
