@@ -123,9 +123,24 @@ def _parse_flags(argv):
     _fail(f"--config: {e}")
 
 
+def check_method_reads(argv, config) -> None:
+  """Refuses ``--config.cycle.<key>`` overrides of the V-cycle's own options under a built-in method that does not
+  read them (they were ignored, then recorded, so a resume without them was refused)."""
+  from multilevel.cycles.config import METHOD_OPTIONS, VCYCLE_KEYS
+  method = config.cycle.method
+  if method not in METHOD_OPTIONS:
+    return
+  keys = [a[len("--config.cycle."):].split("=", 1)[0] for a in argv[1:] if a.startswith("--config.cycle.")]
+  unread = [k for k in keys if k in VCYCLE_KEYS]
+  if unread:
+    _fail(f"--config.cycle.{unread[0]} is an option of the V-cycle (cycle.method='vcycle'); method {method!r} does "
+          f"not read it (its options are cycle.{method}.*). Leave it out, or run cycle.method='vcycle'.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  check_method_reads(sys.argv, _CONFIG.value)
   import jax
 
   if _DISTRIBUTED.value:

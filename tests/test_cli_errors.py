@@ -95,6 +95,16 @@ def test_an_override_of_the_wrong_type_says_what_the_key_takes(tmp_path, overrid
   assert not (tmp_path / "w").exists()
 
 
+def test_a_vcycle_option_on_another_methods_command_line_is_refused(tmp_path):
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  # gstack reads cycle.gstack.* only: w_pre was ignored, then recorded (a resume without it was refused).
+  line = _tool("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'w'}", "--config.cycle.method=gstack",
+               "--config.cycle.gstack.factor=2", "--config.cycle.w_pre=0.1")
+  assert line.startswith("error: --config.cycle.w_pre is an option of the V-cycle (cycle.method='vcycle'); method "
+                         "'gstack' does not read it"), line
+  assert not (tmp_path / "w").exists()
+
+
 def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
   (tmp_path / "afile").write_text("")
   proc = subprocess.run([sys.executable, "-m", "experiments.train", f"--config={ROOT}/experiments/configs/gpt.py:test",

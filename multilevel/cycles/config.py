@@ -197,7 +197,7 @@ class CycleConfig:
     if any(not float(v) > 0 for v in self.lr_scales):
       raise ConfigError(f"cycle.lr_scales (each level's peak learning rate over train.lr) must be positive, got "
                         f"{tuple(self.lr_scales)!r}.")
-    for name, options in _METHOD_SECTIONS.items():  # Another method's options are not read: say so, not ignore them.
+    for name, options in METHOD_OPTIONS.items():  # Another method's options are not read: say so, not ignore them.
       if name != self.method:
         changed = _changed(getattr(self, name), options())
         if changed:
@@ -207,8 +207,14 @@ class CycleConfig:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CycleConfig))
-_METHOD_SECTIONS = {"gstack": GStackConfig, "stackbert": StackBertConfig, "mslt": MsltConfig, "ligo": LigoConfig,
+METHOD_OPTIONS = {"gstack": GStackConfig, "stackbert": StackBertConfig, "mslt": MsltConfig, "ligo": LigoConfig,
                     "msg": MsgConfig, "core": CoreConfig}
+
+
+# The V-cycle's own options (the section's top-level fields): the other built-in methods read only cycle.method and
+# their own section (experiments.train refuses these keys on their command line; config files set them for the
+# V-cycle, so they may stand there unread).
+VCYCLE_KEYS = _FIELDS - {"method"} - set(METHOD_OPTIONS)
 
 
 def _changed(options, defaults) -> list[str]:
