@@ -227,3 +227,17 @@ def test_a_workdir_that_cannot_be_written_says_so_and_what_to_do(tmp_path, monke
   with pytest.raises(PermissionError, match=r"Cannot write in --workdir=.* \(Read-only file system\).*Make it "
                                             r"writable, or choose another --workdir"):
     WorkdirLock(str(tmp_path / "w"))
+
+
+def test_init_from_with_a_method_that_starts_small_is_refused_before_the_workdir_is_made(tmp_path, monkeypatch):
+  import multilevel.data
+
+  def loads(*a, **k):
+    raise AssertionError("the data was loaded before the config's refusal")
+
+  monkeypatch.setattr(multilevel.data, "make_data", loads)
+  c = tiny_config("gpt", levels=1, init_from=str(tmp_path), **{"cycle.method": "gstack", "cycle.gstack.factor": 2})
+  with pytest.raises(ConfigError, match=r"init_from=.* gives the target model's weights, but method 'gstack' starts "
+                                        r"by training a smaller model"):
+    Runner(c, str(tmp_path / "w"))  # (It was refused after the data and tokenizer had loaded into the workdir.)
+  assert not os.path.exists(tmp_path / "w")

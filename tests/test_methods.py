@@ -2,7 +2,6 @@
 refusals, and end-to-end runs through the driver that evaluate around every transition and resume bit for bit."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +100,8 @@ def test_stackbert_doubles_and_mslt_adds_top_layers_then_trains_all():
     ("stackbert", {"fracs": (0.5, 0.5)}, r"one positive share per stage \(3\)"),
     ("stackbert", {"fracs": (0.1, 0.2, 0.3)}, r"must add up to 1, got \[0.1, 0.2, 0.3\] \(sum 0.6\)"),
     ("mslt", {"stages": 3}, r"must divide the target's 4 layers"),
+    ("ligo", {"width_factor": 3}, r"factor must divide the number of heads\. Set cycle\.ligo\.width_factor to a "
+                                  r"divisor of num_heads=2"),  # (It said to pass a width scheme, which LiGO has not.)
     ("mslt", {"final_frac": 1.0}, r"final_frac must be in \[0, 1\)"),
 ])
 def test_impossible_method_configs_are_refused_with_what_to_change(method, opts, match):

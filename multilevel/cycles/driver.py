@@ -32,7 +32,7 @@ from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.resume import checkpoint, fresh, replan, restore
 from multilevel.cycles.run_config import RunConfig, data_config, model_config, objective_config, resolved_config
-from multilevel.cycles.transitions import transition
+from multilevel.cycles.transitions import check_init_from, transition
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
 from multilevel.operators.finite import first_nonfinite
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
@@ -111,7 +111,8 @@ class Runner:
     self.method = method_of(run.cycle.method)
     # Checks that need no data come first: nothing is written before the config, the plan and the mesh are valid.
     probe = model_config(run, None)
-    self.method.build_plan(probe, run.cycle, tc)
+    probe_plan = self.method.build_plan(probe, run.cycle, tc)
+    check_init_from(run, probe_plan, probe_plan.stages[0].level)
     self.mesh = make_mesh(tc.mesh, tc.num_devices or _default_devices(tc.mesh))
     check_batch(tc, self.mesh)
     check_dtype(probe)

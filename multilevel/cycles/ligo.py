@@ -197,8 +197,9 @@ def ligo_plan(model, cycle, train) -> Plan:
     m = O.make_mapping(model, width_factor=opts.width_factor, depth_factor=opts.depth_factor, depth_mode="stride",
                        depth_growth="copy")
   except ValueError as e:
-    raise ConfigError(f"cycle.ligo: {e} (width_factor divides num_heads={model.num_heads}, depth_factor divides "
-                      f"num_layers={model.num_layers}).") from None
+    reason = str(e).split(" Pass an explicit")[0]  # (LiGO takes factors, not schemes.)
+    raise ConfigError(f"cycle.ligo: {reason} Set cycle.ligo.width_factor to a divisor of num_heads={model.num_heads} "
+                      f"and cycle.ligo.depth_factor to a divisor of num_layers={model.num_layers}.") from None
   n_small = round(opts.small_frac * train.steps)
   rest = train.steps - n_small - opts.operator_steps
   if n_small < 1 or rest < 1:

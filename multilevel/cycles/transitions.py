@@ -73,16 +73,21 @@ def checkpoint_differs(imported: M.ModelConfig, target: M.ModelConfig) -> dict[s
   return out
 
 
+def check_init_from(run: RunConfig, plan: Plan, level: int = 0) -> None:
+  """Refuses ``init_from`` (the target model's weights) for a plan whose first stage trains a smaller model."""
+  if run.init_from and level != 0:
+    raise ConfigError(f"init_from={run.init_from!r} gives the target model's weights, but method {plan.method!r} "
+                      f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
+                      f"with init_from, or leave init_from empty.")
+
+
 def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
   """Random init of the first stage's model (``level``), or the weights of a Hugging Face checkpoint
   (``run.init_from``) for the target model, placed with the target's shardings on ``mesh``."""
   source = run.init_from
   if not source:
     return init_params(plan.levels[level], run.train.seed, mesh)
-  if level != 0:
-    raise ConfigError(f"init_from={source!r} gives the target model's weights, but method {plan.method!r} "
-                      f"starts by training a smaller model (level {level}); use cycle.method='vcycle' (or scratch) "
-                      f"with init_from, or leave init_from empty.")
+  check_init_from(run, plan, level)
   from multilevel.interop import load_hf  # Imported here: only a run that starts from a checkpoint needs it.
   imported, params = load_hf(source)
   target = plan.levels[0]
