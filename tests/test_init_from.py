@@ -126,3 +126,18 @@ def test_a_run_from_a_checkpoint_evaluates_it_before_any_step(tmp_path):
   rec = read_metrics(str(tmp_path / "b"))[0]
   assert (rec["step"], rec["event"]) == (0, "imported")
   assert rec["eval_loss"] == pytest.approx(first["final_eval_loss"], abs=1e-5)
+
+
+def test_init_from_into_a_relaxed_first_stage_says_it_starts_from_that_form(runner_and_dir, monkeypatch):
+  from absl import logging
+
+  from multilevel.cycles.driver import train_and_evaluate
+  runner, base = runner_and_dir
+  target = runner.plan.levels[0]
+  save_hf(target, initial_params(runner.config, runner.plan, runner.mesh), str(base / "for_core"))
+  warned = []
+  monkeypatch.setattr(logging, "warning", lambda msg, *a: warned.append(msg % a))
+  c = tiny_config("gpt", levels=1, init_from=str(base / "for_core"),
+                  **{"cycle.method": "core", "cycle.core.chunk": 8, "train.steps": 4})
+  train_and_evaluate(c, str(base / "core_run"))  # CoRe cuts the imported FFNs to low rank, attention made linear.
+  assert any("trains the imported model as relaxed(rank=" in w for w in warned), warned

@@ -125,6 +125,10 @@ def fresh(runner: Host) -> tuple[TrainState, dict]:
   state = steps.init_state(params)
   runner.pos = RunPosition()
   runner.writer.truncate(0)
+  if runner.config.init_from and stage.view is not FULL:
+    logging.warning("init_from=%s: the first stage (%s) trains the imported model as %s, so it starts from that form "
+                    "of the checkpoint, not its own function (the 'imported' evaluation scores that form).",
+                    runner.config.init_from, stage.name, stage.view.name)
   if runner.config.init_from:  # What the imported model scores before any step: its function kept, or not.
     runner.log_eval(runner.eval_fn(stage.level, stage.view), state.params, stage, 0, "imported")
   runner.save(state, {})
