@@ -109,6 +109,12 @@ def test_impossible_method_configs_are_refused_with_what_to_change(method, opts,
     _plan(method, **opts)
 
 
+def test_too_few_steps_for_the_stages_is_said_as_such():
+  # MSLT's 4 growth stages and its final one at train.steps=3: it said to raise final_frac, which made it worse.
+  with pytest.raises(ValueError, match=r"train.steps=3 is fewer than the plan's 5 stages, each of which needs a step"):
+    _plan("mslt", steps=3)
+
+
 def test_a_warmup_longer_than_the_first_stage_is_refused():
   with pytest.raises(ConfigError, match=r"warm-up \(20 steps.*longer than the first stage \(12 steps\)"):
     method_of("stackbert").build_plan(M.preset("gpt-test").replace(num_layers=4), CycleConfig(method="stackbert"),

@@ -272,7 +272,13 @@ def split_steps(total: int, fracs, names) -> tuple[int, ...]:
   """``round(frac * total)`` steps per stage, the last stage taking what is left; every stage at least one step."""
   steps = [round(float(f) * total) for f in fracs[:-1]]
   steps.append(total - sum(steps))
-  for n, name in zip(steps, names):
+  if total < len(steps):
+    raise ValueError(f"train.steps={total} is fewer than the plan's {len(steps)} stages, each of which needs a step; "
+                     f"raise train.steps.")
+  for i, (n, name) in enumerate(zip(steps, names)):
+    if n < 1 and i == len(steps) - 1:  # The remainder: the shares before it took everything.
+      raise ValueError(f"{name} is left {n} steps at train.steps={total}: the stages before it take "
+                       f"{sum(steps[:-1])}; lower their shares or raise train.steps.")
     if n < 1:
       raise ValueError(f"{name} gives {n} steps at train.steps={total}; raise it or train.steps.")
   return tuple(steps)
