@@ -121,7 +121,12 @@ def fresh(runner: Host) -> tuple[TrainState, dict]:
   params = initial_params(runner.config, plan, runner.mesh, stage.level)
   if stage.view is not FULL:
     cfg = plan.levels[stage.level]
-    params = jax.jit(lambda p: stage.view.from_model(cfg, p), out_shardings=steps.shardings.params)(params)
+    to_view = jax.jit(lambda p: stage.view.from_model(cfg, p))
+    if jax.default_backend() == "cpu" and runner.mesh.devices.size > 1 and jax.process_count() == 1:
+      # On a CPU mesh of several devices this program deadlocked in XLA (CoRe's SVD start): one device computes it.
+      params = jax.device_put(to_view(jax.device_get(params)), steps.shardings.params)
+    else:
+      params = jax.jit(to_view, out_shardings=steps.shardings.params)(params)
   state = steps.init_state(params)
   runner.pos = RunPosition()
   runner.writer.truncate(0)
