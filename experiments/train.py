@@ -153,8 +153,8 @@ def main(argv):
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   from multilevel.cycles.driver import EXPECTED_ERRORS, train_and_evaluate
 
-  logging.info("JAX %s on %s (%d devices, %d processes)", jax.__version__, jax.default_backend(), jax.device_count(),
-               jax.process_count())
+  logging.info("JAX %s on %s (%d devices, %d process%s)", jax.__version__, jax.default_backend(), jax.device_count(),
+               jax.process_count(), "es" if jax.process_count() > 1 else "")
   try:
     summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except EXPECTED_ERRORS as e:

@@ -9,8 +9,10 @@ tensors over gloo. A coordinator that cannot be reached, or a process count that
 
 from __future__ import annotations
 
+import json
 import socket
 import time
+import zlib
 
 import jax
 import numpy as np
@@ -90,3 +92,27 @@ def _check_agreement(num_processes: int | None, process_id: int | None) -> None:
   if all(i >= 0 for i in ids) and ids != list(range(jax.process_count())):
     raise DistributedError(f"The --process_id values {ids} do not match the processes' ranks; give each process a "
                            f"unique id in [0, {jax.process_count()}).")
+
+
+def check_same_config(config: dict) -> None:
+  """Every process of the run was given the same config (``run_config.config_json``, the progress bar and
+  TensorBoard aside: process 0's alone): one all-gather of a checksum per key, so all processes refuse together,
+  naming the keys. Processes with different learning rates trained apart silently, and different meshes hung."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+
+  from multilevel.tree import flatten
+  flat = {k: v for k, v in flatten(config).items() if k not in ("progress", "tensorboard")}
+  names = sorted(flat)
+  counts = np.asarray(multihost_utils.process_allgather(np.array([len(names)], np.int32))).reshape(-1)
+  if len(set(counts.tolist())) > 1:
+    raise ValueError("The processes were started with configs that hold different keys (another config "
+                           "file?). Start every process with the same command, apart from --process_id.")
+  sums = np.array([zlib.crc32(f"{k}={json.dumps(flat[k], sort_keys=True)}".encode()) for k in names], np.uint32)
+  everyone = np.asarray(multihost_utils.process_allgather(sums.view(np.int32))).reshape(len(counts), -1)
+  differ = [names[j].replace("/", ".") for j in range(len(names)) if len(set(everyone[:, j].tolist())) > 1]
+  if differ:
+    raise ValueError(f"The processes were started with different settings of {', '.join(differ[:8])}: every "
+                           f"process of a run trains the same model on its share of each batch. Start every process "
+                           f"with the same command, apart from --process_id.")

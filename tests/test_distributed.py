@@ -28,8 +28,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir: str, n: int = 2, flags=None, env=None, counts=None, timeout_s: int = 60, ids=None):
-  """Starts the processes ``ids`` (all ``n`` by default) of one run; ``counts`` overrides their --num_processes."""
+def _launch(workdir: str, n: int = 2, flags=None, env=None, counts=None, timeout_s: int = 60, ids=None, extra=None):
+  """Starts the processes ``ids`` (all ``n`` by default) of one run; ``counts`` overrides their --num_processes,
+  ``extra`` ({process id: [flags]}) gives a process flags of its own."""
   port = _free_port()
   full_env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **(env or {}))
   procs = []
@@ -37,7 +38,7 @@ def _launch(workdir: str, n: int = 2, flags=None, env=None, counts=None, timeout
     args = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
             *(flags or config_flags("gpt", 2, False, OVERRIDES)), "--distributed",
             f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={(counts or [n] * n)[i]}",
-            f"--process_id={i}", f"--distributed_timeout={timeout_s}"]
+            f"--process_id={i}", f"--distributed_timeout={timeout_s}", *(extra or {}).get(i, [])]
     procs.append(subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True))
   return procs
@@ -121,3 +122,15 @@ def test_processes_that_disagree_on_the_count_fail_together(tmp_path):
     assert rc == 1, stderr[-2000:]
     assert [ln for ln in stderr.splitlines() if ln.strip()][-1].startswith(
         "error: The processes disagree on --num_processes (given [2, 3]")
+
+
+def test_processes_given_different_configs_all_refuse_naming_the_keys(tmp_path):
+  # Process 1 at another learning rate: both trained, to other parameters, and exited 0.
+  work = str(tmp_path / "run")
+  results = _finish(_launch(work, extra={1: ["--config.train.lr=0.01"]}, timeout_s=30), timeout=120)
+  for rc, _, stderr in results:
+    assert rc == 1, stderr[-3000:]
+    last = [ln for ln in stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith("error: The processes were started with different settings of train.lr: every process"), \
+        stderr[-2000:]
+  assert not os.path.exists(work)  # Refused before the workdir.

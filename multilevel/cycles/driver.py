@@ -31,8 +31,10 @@ from multilevel.checkpoint import Checkpointer, CheckpointError, after_divergenc
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
 from multilevel.cycles.resume import checkpoint, fresh, replan, restore
-from multilevel.cycles.run_config import RunConfig, data_config, model_config, objective_config, resolved_config
+from multilevel.cycles.run_config import (RunConfig, config_json, data_config, model_config, objective_config,
+                                          resolved_config)
 from multilevel.cycles.transitions import check_init_from, transition
+from multilevel.distributed import check_same_config
 from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
 from multilevel.operators.finite import first_nonfinite
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
@@ -76,9 +78,10 @@ def check_batch(train, mesh) -> None:
   if train.batch_size % procs or micro % devices:
     raise ConfigError(
         f"train.batch_size={train.batch_size} with train.grad_accum={train.grad_accum} gives microbatches of "
-        f"{micro} rows, which do not split over the {devices} devices ({procs} processes) of the mesh; choose a "
-        f"batch size that is a multiple of grad_accum x {devices} (e.g. {train.grad_accum * devices * max(1, micro // devices)}), "
-        f"or set train.num_devices.")
+        f"{micro} rows, which do not split over the {devices} devices ({procs} process{'es' if procs > 1 else ''}) "
+        f"of the mesh; choose a batch size that is a multiple of grad_accum x {devices} (e.g. "
+        f"{train.grad_accum * devices * max(1, micro // devices)}), or "
+        + ("a train.mesh over fewer devices." if train.mesh else "set train.num_devices."))
 
 
 def _default_devices(mesh: str) -> int | None:
@@ -109,6 +112,7 @@ class Runner:
     self.workdir = os.path.abspath(os.path.expanduser(workdir))
     self.is_main = jax.process_index() == 0
     self.method = method_of(run.cycle.method)
+    check_same_config(config_json(run))  # Several processes: all with the same config, or all refuse.
     # Checks that need no data come first: nothing is written before the config, the plan and the mesh are valid.
     probe = model_config(run, None)
     probe_plan = self.method.build_plan(probe, run.cycle, tc)

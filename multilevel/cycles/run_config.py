@@ -128,12 +128,17 @@ def objective_config(run: RunConfig, model: ModelConfig, info) -> ObjectiveConfi
                          mixup_alpha=tc.mixup_alpha, max_logits=tc.max_logits)
 
 
+def config_json(run: RunConfig) -> dict:
+  """The whole run config as JSON-able data, every key (what every process of a run must agree on)."""
+  d = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+  return json.loads(json.dumps({k: v.as_dict() if isinstance(v, CycleConfig) else dataclasses.asdict(v)
+                                if dataclasses.is_dataclass(v) else v for k, v in d.items()}, default=str))
+
+
 def resolved_config(run: RunConfig, model: ModelConfig, adaptive: bool = False) -> dict:
   """The JSON form of everything that determines the trained parameters (checked when a run resumes). With
   ``adaptive`` (a plan whose stage ends where an evaluation decides it), ``train.eval_every`` is recorded too."""
-  d = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
-  d = json.loads(json.dumps({k: v.as_dict() if isinstance(v, CycleConfig) else dataclasses.asdict(v)
-                             if dataclasses.is_dataclass(v) else v for k, v in d.items()}, default=str))
+  d = config_json(run)
   d["model"] = json.loads(json.dumps(model.to_dict()))
   for key in NOT_RECORDED:
     if adaptive and key == "train.eval_every":
