@@ -134,3 +134,15 @@ def test_processes_given_different_configs_all_refuse_naming_the_keys(tmp_path):
     assert last.startswith("error: The processes were started with different settings of train.lr: every process"), \
         stderr[-2000:]
   assert not os.path.exists(work)  # Refused before the workdir.
+
+
+def test_a_mesh_that_leaves_out_a_process_is_refused(tmp_path):
+  # Two processes of one device each, a mesh of one: process 1 crashed on arrays it could not reach.
+  work = str(tmp_path / "run")
+  flags = config_flags("gpt", 2, False, {**OVERRIDES, "train.num_devices": 1})
+  results = _finish(_launch(work, flags=flags, timeout_s=30), timeout=120)
+  for rc, _, stderr in results:
+    assert rc == 1, stderr[-3000:]
+    last = [ln for ln in stderr.splitlines() if ln.strip()][-1]
+    assert "error: A run of 2 processes uses all their 2 devices" in last, stderr[-2000:]
+  assert not os.path.exists(work)

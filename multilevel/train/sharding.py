@@ -71,6 +71,10 @@ def make_mesh(spec: str = "", num_devices: int | None = None) -> jax.sharding.Me
     raise ConfigError(f"Asked for {n} devices but only {len(devices)} are visible ({devices[0].platform}, "
                       f"{jax.process_count()} process(es)); lower train.num_devices or train.mesh.")
   axes = parse_mesh(spec, n)
+  if jax.process_count() > 1 and n != len(devices):  # Each process feeds its rows of each batch to its own devices.
+    raise ConfigError(f"A run of {jax.process_count()} processes uses all their {len(devices)} devices (each process "
+                      f"feeds its own); the mesh asks for {n}, which leaves out some process's devices. Set "
+                      f"train.num_devices={len(devices)} or 0, and a train.mesh of {len(devices)} devices.")
   names, sizes = tuple(a for a, _ in axes), tuple(s for _, s in axes)
   return jax.make_mesh(sizes, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names), devices=devices[:n])
 
