@@ -97,7 +97,8 @@ def _check_agreement(num_processes: int | None, process_id: int | None) -> None:
 def check_same_config(config: dict) -> None:
   """Every process of the run was given the same config (``run_config.config_json``, the progress bar and
   TensorBoard aside: process 0's alone): one all-gather of a checksum per key, so all processes refuse together,
-  naming the keys. Processes with different learning rates trained apart silently, and different meshes hung."""
+  naming the keys (a config that one process refuses by itself ends that process; JAX's runtime then stops the
+  others at its heartbeat timeout). Processes with different learning rates trained apart silently, and different meshes hung."""
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils

@@ -19,7 +19,7 @@ class MetricsWriter:
   """Appends one JSON object per record to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 
   TensorBoard gets two runs: ``tensorboard/`` every scalar against the step, and ``tensorboard/by_flops/`` the
-  target model's evaluations against the FLOPs spent so far (the x axis on which methods are compared: a step of a
+  target model's evaluations against the GFLOPs spent so far (the x axis on which methods are compared: a step of a
   smaller model costs less; the evaluations right after a transition and the smaller models' are left out, as the
   benchmarks read a curve).
 
@@ -116,7 +116,8 @@ class MetricsWriter:
     step = int(record.get("step", 0))
     event = str(record.get("event", ""))
     suffix = f"/{event}" if event.startswith("after_") else ""
-    numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # As floats: an int past 2^63 (the FLOPs of a paper-size run) overflows TensorBoard's int conversion.
+    numbers = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if step_axis:
       for k, v in numbers.items():
         if k != "step":
@@ -145,13 +146,13 @@ class MetricsWriter:
 
 
 def _flops_point(record: dict[str, Any]) -> int | None:
-  """The FLOPs at which a record goes on TensorBoard's FLOPs axis: a target model's (level 0) evaluation, not one
+  """The GFLOPs at which a record goes on TensorBoard's FLOPs axis: a target model's (level 0) evaluation, not one
   right after a transition (as ``eval_curve`` reads a run); else None."""
   if not any(k.startswith("eval_") for k in record) or "flops" not in record or record.get("level", 0) != 0:
     return None
   if str(record.get("event", "")).startswith("after_"):
     return None
-  return int(record["flops"])
+  return int(record["flops"] // 1e9)  # In GFLOPs: TensorBoard's steps are int64, and runs reach 1e20 FLOPs and more.
 
 
 def _plain(v):

@@ -248,3 +248,13 @@ def test_smaller_images_are_enlarged_as_the_exported_processor_enlarges_them(tmp
       assert not processor.do_resize and not processor.do_center_crop
       got = processor(padded, return_tensors="np", input_data_format="channels_last")["pixel_values"][0].transpose(1, 2, 0)
       np.testing.assert_allclose(got, (padded / 255.0 - 0.5) / 0.25, atol=1e-5)
+
+
+def test_an_empty_split_is_fitted_to_the_size_and_a_revision_is_refused_for_images(tmp_path):
+  from multilevel.data.images import fit_array
+  assert fit_array(np.zeros((0, 4, 6, 3), np.uint8), 8, True).shape == (0, 8, 8, 3)  # Was (0, 4, 6, 3).
+  with pytest.raises(ValueError, match=r"data.revision='v1' picks a version of a Hugging Face hub data set"):
+    _make(_cfg(tmp_path, _folder(tmp_path / "f"), revision="v1"))
+  from multilevel.data import DataConfig, check_sources
+  with pytest.raises(ValueError, match=r"data.revision='v1'"):  # Any image source, a tfds name too.
+    check_sources(DataConfig(name="tfds:cifar10", revision="v1"), "images")

@@ -93,22 +93,28 @@ def test_a_resume_at_a_transition_shows_its_evaluations_once_under_their_own_tag
 def test_the_targets_evaluations_are_also_shown_against_flops_and_cut_back_on_resume(tmp_path):
   w = MetricsWriter(str(tmp_path))
   w.truncate(0)
-  w.write({"step": 2, "level": 0, "flops": 100, "train_loss": 7.0, "eval_loss": 6.9, "event": "end_of_stage"})
+  w.write({"step": 2, "level": 0, "flops": 100e9, "train_loss": 7.0, "eval_loss": 6.9, "event": "end_of_stage"})
   w.write({"step": 2, "level": 1, "eval_loss": 7.1, "event": "after_coalesce"})  # Never trained: not a point.
-  w.write({"step": 6, "level": 1, "flops": 140, "train_loss": 6.0, "eval_loss": 5.9})  # The small model's.
+  w.write({"step": 6, "level": 1, "flops": 140e9, "train_loss": 6.0, "eval_loss": 5.9})  # The small model's.
   w.write({"step": 6, "level": 0, "eval_loss": 6.3, "event": "after_decoalesce"})
-  w.write({"step": 8, "level": 0, "flops": 240, "train_loss": 5.5, "eval_loss": 5.4, "eval_accuracy": 0.5})
+  w.write({"step": 8, "level": 0, "flops": 240e9, "train_loss": 5.5, "eval_loss": 5.4, "eval_accuracy": 0.5})
   w.close()
   w = MetricsWriter(str(tmp_path))  # Resumed from a checkpoint after the third record.
   w.truncate(3)
   w.write({"step": 6, "level": 0, "eval_loss": 6.3, "event": "after_decoalesce"})
-  w.write({"step": 8, "level": 0, "flops": 240, "train_loss": 5.6, "eval_loss": 5.3, "eval_accuracy": 0.6})
+  w.write({"step": 8, "level": 0, "flops": 240e9, "train_loss": 5.6, "eval_loss": 5.3, "eval_accuracy": 0.6})
   w.close()
   events = _events(os.path.join(tmp_path, "tensorboard", "by_flops"))
   assert _visible(events, "eval_loss") == [(100, 6.9), (240, 5.3)]
   assert _visible(events, "eval_accuracy") == [(240, 0.6)]
   assert _visible(events, "train_loss") == []  # Evaluations only.
   assert _visible(_events(os.path.join(tmp_path, "tensorboard")), "eval_loss") == [(2, 6.9), (6, 5.9), (8, 5.3)]
+  # In GFLOPs, as floats: a paper-size run's 1e20 FLOPs overflowed TensorBoard's int64 steps and int conversion.
+  os.makedirs(tmp_path / "big")
+  w = MetricsWriter(str(tmp_path / "big"))
+  w.write({"step": 20, "level": 0, "flops": int(2.7e20), "eval_loss": 1.9})
+  w.close()
+  assert _visible(_events(os.path.join(tmp_path, "big", "tensorboard", "by_flops")), "eval_loss") == [(int(2.7e11), 1.9)]
 
 
 def test_a_line_cut_short_at_the_end_is_left_out_and_a_damaged_one_is_named(tmp_path):

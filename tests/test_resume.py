@@ -100,3 +100,26 @@ def test_a_field_added_since_the_checkpoint_blocks_resume_only_away_from_its_def
   # A value the saved config has is compared as always, default or not.
   assert config_diff({"train": {"lr": 0.5}}, {"train": {"lr": 0.1}}, defaults=defaults) == [
       "train.lr: saved 0.5 vs now 0.1"]
+
+
+def test_a_resume_compares_only_what_the_method_reads_and_what_the_run_recorded():
+  from multilevel.checkpoint import config_diff
+  from multilevel.cycles.resume import compared
+  from multilevel.cycles.run_config import default_resolved_config
+  defaults = default_resolved_config()
+
+  def diff(saved, now):
+    return config_diff(*compared(saved, now), defaults=defaults)
+
+  def cfg(method="vcycle", train=None, **cycle):
+    return {"cycle": {**defaults["cycle"], "method": method, **cycle}, "train": {**defaults["train"], **(train or {})}}
+
+  # Recorded before such options were refused: a gstack run's w_pre, a V-cycle run's msg section (no way back).
+  assert diff(cfg("gstack", w_pre=0.1), cfg("gstack")) == []
+  assert diff(cfg(msg={**defaults["cycle"]["msg"], "ramp_frac": 0.2}), cfg()) == []
+  assert diff(cfg(w_pre=0.1), cfg()) != []  # The V-cycle reads it.
+  # eval_every, recorded for adaptive stages since today: an older run without it resumes; a recorded one must agree.
+  old = cfg()
+  old["train"].pop("eval_every", None)
+  assert diff(old, cfg(train={"eval_every": 20})) == []
+  assert diff(cfg(train={"eval_every": 2}), cfg(train={"eval_every": 4})) != []

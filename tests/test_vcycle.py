@@ -137,6 +137,19 @@ def test_parameters_that_diverge_at_the_last_step_are_never_saved_and_the_run_re
   assert resumed["params_sha256"] == train_and_evaluate(c, str(tmp_path / "whole"))["params_sha256"]
 
 
+def test_initial_parameters_with_a_nan_are_named_as_such_and_nothing_is_saved(tmp_path, monkeypatch):
+  import jax
+  import jax.numpy as jnp
+
+  from multilevel.cycles import resume
+  made = resume.initial_params
+  monkeypatch.setattr(resume, "initial_params", lambda *a: jax.tree.map(lambda x: x * jnp.nan, made(*a)))
+  with pytest.raises(FloatingPointError, match=r"before any training: it came with the initial parameters .* "
+                                               r"Nothing was saved"):  # (It blamed an update that never ran.)
+    train_and_evaluate(tiny_config("gpt", levels=1), str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_a_fresh_small_start_is_the_small_model_trained_alone_then_grown_losslessly(tmp_path):
   """``cycle.small_init='fresh'``: no down stage; the bottom stage is, bit for bit, a scratch run of the small model
   with the same schedule (same init, data order and learning rates: what the planner's pilots measure), and the

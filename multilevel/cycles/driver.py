@@ -218,10 +218,14 @@ class Runner:
     bad = first_nonfinite(state.params)  # A last update can diverge with a finite loss (computed before it).
     if bad is not None:
       stage = self.plan.stages[self.pos.stage]
-      raise FloatingPointError(
-          f"Parameter {bad!r} holds a NaN or an infinity at global step {self.pos.global_step} (stage {stage.name}, "
-          f"level {stage.level}), though the training loss was finite: an update diverged (an infinite gradient, "
-          f"an overflow). {after_divergence(self.ckpt.directory)}")
+      where = f"Parameter {bad!r} holds a NaN or an infinity at global step {self.pos.global_step} (stage " \
+              f"{stage.name}, level {stage.level})"
+      if self.pos.save_id == 0:  # Checkpoint 0: the initial parameters.
+        raise FloatingPointError(f"{where} before any training: it came with the initial parameters (init_from's "
+                                 f"checkpoint, or the first stage's form of them). Nothing was saved.")
+      cause = ("though the training loss was finite: an update diverged (an infinite gradient, an overflow)"
+               if self.pos.stage_step else f"right after the transition into stage {stage.name}")
+      raise FloatingPointError(f"{where}, {cause}. {after_divergence(self.ckpt.directory)}")
     self.writer.flush()
     tree, meta = checkpoint(self, state, held)
     self.ckpt.save(self.pos.save_id, tree, meta)  # Device arrays: Orbax writes each process's shards itself.

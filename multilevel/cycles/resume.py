@@ -10,6 +10,7 @@ another version is refused with what to do, never silently started over.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Protocol
 
@@ -64,6 +65,24 @@ def checkpoint(runner: Host, state: TrainState, held: dict) -> tuple[dict, dict]
   return tree, meta
 
 
+def compared(saved: dict, now: dict) -> tuple[dict, dict]:
+  """The parts of a saved and a current config that must agree for a resume: not the options the run's method does
+  not read (recorded by runs made before they were refused), nor ``train.eval_every`` where the saved run did not
+  record it (runs made before adaptive stages recorded it)."""
+  from multilevel.cycles.config import METHOD_OPTIONS, VCYCLE_KEYS
+  method = now.get("cycle", {}).get("method", "vcycle")
+  unread = {name for name in METHOD_OPTIONS if name != method}
+  if method in METHOD_OPTIONS:
+    unread |= VCYCLE_KEYS
+  saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now))
+  for d in (saved, now):
+    for key in unread:
+      d.get("cycle", {}).pop(key, None)
+  if "eval_every" not in saved.get("train", {"eval_every": None}):
+    now.get("train", {}).pop("eval_every", None)
+  return saved, now
+
+
 def restore(runner: Host) -> tuple[TrainState, dict] | None:
   """The state and held snapshots of the workdir's latest checkpoint, with the runner's plan, position, data
   iterator and metrics file set back to it; None for a workdir where no run has started."""
@@ -77,7 +96,8 @@ def restore(runner: Host) -> tuple[TrainState, dict] | None:
                             f"--workdir, or delete {workdir} to start this run over.")
     return None
   meta = ckpt.restore_meta(latest)
-  diff = config_diff(meta.get("config", {}), runner.cfg_json, defaults=default_resolved_config())
+  saved, now = compared(meta.get("config", {}), runner.cfg_json)
+  diff = config_diff(saved, now, defaults=default_resolved_config())
   if diff:
     from_data = sorted({k for k in ("vocab_size", "num_classes", "num_channels") if any(
         line.startswith(f"model.{k}:") for line in diff)})

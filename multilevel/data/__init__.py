@@ -48,7 +48,7 @@ def check_sources(cfg, kind: str) -> None:
   if kind == "text" and cfg.files and cfg.name:
     raise ValueError(f"Both data.name={cfg.name!r} and data.files are set: give one text source (data.files for "
                      "your own files, data.name for a named corpus).")
-  if cfg.revision and (cfg.files or cfg.token_file or cfg.folder or _named_offline(cfg.name)):
+  if cfg.revision and (kind != "text" or cfg.files or cfg.token_file or cfg.folder or _named_offline(cfg.name)):
     raise ValueError(f"data.revision={cfg.revision!r} picks a version of a Hugging Face hub data set (data.name); "
                      f"this run reads {_source_name(cfg)}, which has none. Leave data.revision out.")
   if kind == "text" and cfg.files and not cfg.token_file:

@@ -47,8 +47,9 @@ def fit_image(img: np.ndarray, size: int, resize: bool, where: str = "image") ->
   try:
     from PIL import Image
   except ImportError:
-    raise ValueError(f"{where} is {h}x{w}, not image_size={size}; resizing it needs Pillow (pip install pillow), or "
-                     f"set data.resize = False to zero-pad smaller images.") from None
+    pad = ", or set data.resize = False to zero-pad it" if h <= size and w <= size else ""
+    raise ValueError(f"{where} is {h}x{w}, not image_size={size}; resizing it needs Pillow (pip install "
+                     f"pillow){pad}.") from None
   scale = size / min(h, w)
   nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
   pil = Image.fromarray(img[..., 0] if img.shape[2] == 1 else img)
@@ -67,7 +68,9 @@ def fit_array(x: np.ndarray, size: int, resize: bool) -> np.ndarray:
   if not resize and h <= size and w <= size:
     top, left = (size - h) // 2, (size - w) // 2
     return np.pad(x, ((0, 0), (top, size - h - top), (left, size - w - left), (0, 0)))
-  return np.stack([fit_image(img, size, resize) for img in x]) if n else x[:, :size, :size]
+  if not n:
+    return np.zeros((0, size, size, x.shape[3]), x.dtype)
+  return np.stack([fit_image(img, size, resize) for img in x])
 
 
 def array_split(x: np.ndarray, y: np.ndarray) -> ImageSplit:
