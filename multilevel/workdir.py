@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -24,6 +25,9 @@ class WorkdirLock:
 
   def __init__(self, workdir: str, process_index: int = 0):
     self._fd = None
+    self.workdir = workdir
+    self._existed = os.path.isdir(workdir)
+    self._found_empty = not (self._existed and os.listdir(workdir))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise NotADirectoryError(f"--workdir={workdir} is a file, not a folder: name a folder (it is created if "
                                f"missing).")
@@ -48,7 +52,13 @@ class WorkdirLock:
     os.write(self._fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                    "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
 
-  def release(self) -> None:
+  def release(self, discard_unless: str | None = None) -> None:
+    """Gives the lock back. With ``discard_unless`` (a file name), a workdir this lock found empty (or made) is
+    emptied again first (removed, if the lock made it), unless that file is there: a run that stopped before it
+    marked itself started leaves nothing behind. Done while the lock is held: no other run's files are touched."""
+    if self._fd is not None and discard_unless and self._found_empty and \
+        not os.path.exists(os.path.join(self.workdir, discard_unless)):
+      _empty(self.workdir, self._existed)
     if self._fd is not None:
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
@@ -64,3 +74,15 @@ def _read_holder(fd: int) -> str:
     return f" (pid {info['pid']} on {info['host']}, since {info['since']})"
   except (OSError, ValueError, KeyError):
     return ""
+
+
+def _empty(workdir: str, existed: bool) -> None:
+  """Removes what was written in ``workdir``: the folder itself if it did not exist before, else its contents."""
+  if not existed:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return
+  for entry in os.scandir(workdir):
+    if entry.is_dir(follow_symlinks=False):
+      shutil.rmtree(entry.path, ignore_errors=True)
+    else:
+      os.remove(entry.path)

@@ -207,8 +207,9 @@ class CycleConfig:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CycleConfig))
-METHOD_OPTIONS = {"gstack": GStackConfig, "stackbert": StackBertConfig, "mslt": MsltConfig, "ligo": LigoConfig,
-                    "msg": MsgConfig, "core": CoreConfig}
+# The built-in methods' option sections: the fields whose value is a dataclass of options.
+METHOD_OPTIONS = {f.name: type(f.default) for f in dataclasses.fields(CycleConfig)
+                  if dataclasses.is_dataclass(f.default)}
 
 
 # The V-cycle's own options (the section's top-level fields): the other built-in methods read only cycle.method and

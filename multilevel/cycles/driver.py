@@ -99,7 +99,7 @@ class Runner:
 
   def __init__(self, config, workdir: str):
     self._closers = []
-    self._created = None  # (workdir, whether it existed): a workdir this run found empty, as its only process.
+    self._failed = False  # Set by _abandon: the workdir lock then discards what the run wrote (a lone process).
     try:
       self._setup(config, workdir)
     except BaseException:
@@ -129,11 +129,9 @@ class Runner:
     # On CPU, XLA's all-reduce over several devices can deadlock when steps are dispatched without waiting
     # (../shared/docs/environment.md): there the loop waits for each step's loss.
     self._sync_each_step = jax.default_backend() == "cpu" and self.mesh.devices.size > 1
-    empty = jax.process_count() == 1 and not (os.path.isdir(self.workdir) and os.listdir(self.workdir))
-    existed = os.path.isdir(self.workdir)
-    self._closers.append(WorkdirLock(self.workdir, jax.process_index()).release)
-    if empty:  # Only once the lock is held: a run refused by another's lock never removes that run's files.
-      self._created = (self.workdir, existed)
+    lock = WorkdirLock(self.workdir, jax.process_index())  # (Refused by another run's lock: nothing discarded.)
+    alone = jax.process_count() == 1
+    self._closers.append(lambda: lock.release(discard_unless="run.json" if self._failed and alone else None))
     from multilevel.data import make_data  # Imported here: the data stack is heavy and only a run needs it.
 
     fam = M.family_of(probe)
@@ -177,12 +175,8 @@ class Runner:
     """``close()`` after a failure. A run that stops before the workdir is marked as started (``run.json``: a data
     refusal, a refused ``init_from``, Ctrl-C while compiling) leaves nothing behind in a workdir it created: no lock,
     no empty ``checkpoints/`` or ``metrics.jsonl``, no checkpoint 0 without its mark (nothing is half-written)."""
-    try:
-      self.close()
-    finally:
-      created, self._created = self._created, None
-      if created and not os.path.exists(os.path.join(created[0], "run.json")):
-        _empty(*created)
+    self._failed = True
+    self.close()
 
   # ---- compiled pieces ---------------------------------------------------------------------------------------
 
@@ -422,18 +416,6 @@ class Runner:
       return None
     from tqdm import tqdm
     return tqdm(total=self.plan.total_steps, initial=initial, unit="step", dynamic_ncols=True)
-
-
-def _empty(workdir: str, existed: bool) -> None:
-  """Removes what a run wrote in ``workdir``: the folder itself if the run created it, else its contents."""
-  if not existed:
-    shutil.rmtree(workdir, ignore_errors=True)
-    return
-  for entry in os.scandir(workdir):
-    if entry.is_dir(follow_symlinks=False):
-      shutil.rmtree(entry.path, ignore_errors=True)
-    else:
-      os.remove(entry.path)
 
 
 class _StageTimer:
