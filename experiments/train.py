@@ -124,17 +124,21 @@ def _parse_flags(argv):
 
 
 def check_method_reads(argv, config) -> None:
-  """Refuses ``--config.cycle.<key>`` overrides of the V-cycle's own options under a built-in method that does not
-  read them (they were ignored, then recorded, so a resume without them was refused)."""
-  from multilevel.cycles.config import METHOD_OPTIONS, VCYCLE_KEYS
+  """Refuses ``--config.cycle.<key>`` overrides of the V-cycle's own options that the run does not read: under
+  another built-in method, or under a V-cycle whose shape leaves them out (``cycles.config.unread_keys``: e.g.
+  ``cycle.down_fracs`` with ``cycle.small_init='fresh'``). They would be ignored, and a setting that changes nothing
+  is a mistake the user should hear of."""
+  from multilevel.cycles.config import METHOD_OPTIONS, unread_keys
   method = config.cycle.method
-  if method not in METHOD_OPTIONS:
+  if method not in METHOD_OPTIONS and method != "vcycle":
     return
   keys = [a[len("--config.cycle."):].split("=", 1)[0] for a in argv[1:] if a.startswith("--config.cycle.")]
-  unread = [k for k in keys if k in VCYCLE_KEYS]
-  if unread:
-    _fail(f"--config.cycle.{unread[0]} is an option of the V-cycle (cycle.method='vcycle'); method {method!r} does "
-          f"not read it (its options are cycle.{method}.*). Leave it out, or run cycle.method='vcycle'.")
+  unread = unread_keys(config.cycle)
+  for k in keys:
+    if k in unread:
+      fix = ("Leave it out, or run cycle.method='vcycle'." if method != "vcycle" else
+             "Leave it out, or change the setting that leaves it unread.")
+      _fail(f"--config.cycle.{k} is not read by this run: {unread[k]}. {fix}")
 
 
 def main(argv):

@@ -100,9 +100,40 @@ def test_a_vcycle_option_on_another_methods_command_line_is_refused(tmp_path):
   # gstack reads cycle.gstack.* only: w_pre was ignored, then recorded (a resume without it was refused).
   line = _tool("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'w'}", "--config.cycle.method=gstack",
                "--config.cycle.gstack.factor=2", "--config.cycle.w_pre=0.1")
-  assert line.startswith("error: --config.cycle.w_pre is an option of the V-cycle (cycle.method='vcycle'); method "
-                         "'gstack' does not read it"), line
+  assert line.startswith("error: --config.cycle.w_pre is not read by this run: an option of the V-cycle "
+                         "(cycle.method='vcycle'); method 'gstack' reads only cycle.gstack.*. Leave it out"), line
   assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("cycle, argv, message", [
+    ({"small_init": "fresh", "w_pre": 0.0, "down_fracs": (0.2,)},
+     ["--config.cycle.small_init=fresh", "--config.cycle.w_pre=0", "--config.cycle.down_fracs=(0.2,)"],
+     "--config.cycle.down_fracs is not read by this run: cycle.small_init='fresh' starts the smallest model from its "
+     "own initialisation, so there are no down stages. Leave it out, or change the setting that leaves it unread."),
+    ({"levels": 1, "split_noise": 0.1}, ["--config.cycle.levels=1", "--config.cycle.split_noise=0.1"],
+     "--config.cycle.split_noise is not read by this run: cycle.levels=1 trains the target alone, from scratch."),
+    ({"stop_window": 8}, ["--config.cycle.stop_window=8"],
+     "--config.cycle.stop_window is not read by this run: cycle.small_stop='fixed' ends the smallest stage after"),
+])
+def test_a_vcycle_option_its_shape_leaves_out_is_refused(monkeypatch, cycle, argv, message):
+  # The same keys are read in another shape, and the family configs set them for every run: only a command line
+  # that sets one is refused (it would change nothing).
+  from experiments import train
+  from experiments.configs import gpt
+  config = gpt.get_config("test")
+  config.cycle.update(cycle)
+  reported = []
+
+  def fail(m):
+    reported.append(m)
+    raise SystemExit(1)
+
+  monkeypatch.setattr(train, "_fail", fail)
+  with pytest.raises(SystemExit):
+    train.check_method_reads(["train"] + argv, config)
+  assert reported[0].startswith(message), reported[0]
+  # The same config without that key on the command line passes, as does a key the shape reads.
+  train.check_method_reads(["train", argv[0] if len(argv) > 1 else "--config.cycle.lr_scales=(1,2)"], config)
 
 
 def test_a_workdir_that_is_a_file_is_one_line(tmp_path):

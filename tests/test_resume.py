@@ -118,6 +118,14 @@ def test_a_resume_compares_only_what_the_method_reads_and_what_the_run_recorded(
   assert diff(cfg("gstack", w_pre=0.1), cfg("gstack")) == []
   assert diff(cfg(msg={**defaults["cycle"]["msg"], "ramp_frac": 0.2}), cfg()) == []
   assert diff(cfg(w_pre=0.1), cfg()) != []  # The V-cycle reads it.
+  # Nor the V-cycle's keys that its shape leaves out: a small model from its own init has no down stages, scratch
+  # reads none of them, a fixed small stage no target frontier; the keys that set the shape are still compared.
+  assert diff(cfg(small_init="fresh", w_pre=0.0, down_fracs=[0.2]), cfg(small_init="fresh", w_pre=0.0)) == []
+  assert diff(cfg(down_fracs=[0.2]), cfg()) != []
+  assert diff(cfg(levels=1, split_noise=0.1, lr_scales=[1, 2]), cfg(levels=1)) == []
+  assert diff(cfg(levels=1), cfg()) != []
+  assert diff(cfg(target_frontier=[[1e9, 4.0]]), cfg()) == []
+  assert diff(cfg(small_stop="frontier", target_frontier=[[1e9, 4.0]]), cfg(small_stop="frontier")) != []
   # eval_every, recorded for adaptive stages since today: an older run without it resumes; a recorded one must agree.
   old = cfg()
   old["train"].pop("eval_every", None)

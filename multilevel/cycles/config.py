@@ -218,6 +218,29 @@ METHOD_OPTIONS = {f.name: type(f.default) for f in dataclasses.fields(CycleConfi
 VCYCLE_KEYS = _FIELDS - {"method"} - set(METHOD_OPTIONS)
 
 
+def unread_keys(cycle) -> dict[str, str]:
+  """The V-cycle's own keys (``VCYCLE_KEYS``) that the run described by ``cycle`` (a typed section, a ConfigDict or
+  the dict a run records) does not read, each with the reason: all of them under another method; under the V-cycle,
+  those its shape leaves out (scratch, a small model from its own init, a fixed small stage). Family config files set
+  these keys for every run, so they may stand there unread; a command line that sets one is refused
+  (experiments.train) and a resume does not compare them (cycles.resume)."""
+  get = (lambda k, d: cycle.get(k, d)) if hasattr(cycle, "get") else (lambda k, d: getattr(cycle, k, d))
+  method = get("method", "vcycle")
+  if method != "vcycle":
+    return {k: f"an option of the V-cycle (cycle.method='vcycle'); method {method!r} reads only cycle.{method}.*"
+            for k in VCYCLE_KEYS}
+  if int(get("levels", 2)) == 1:
+    return {k: "cycle.levels=1 trains the target alone, from scratch" for k in VCYCLE_KEYS - {"levels"}}
+  out = {}
+  if get("small_init", "coalesce") == "fresh":
+    out["down_fracs"] = ("cycle.small_init='fresh' starts the smallest model from its own initialisation, so there "
+                         "are no down stages")
+  if get("small_stop", "fixed") == "fixed":
+    for k in ("target_frontier", "stop_window"):
+      out[k] = "cycle.small_stop='fixed' ends the smallest stage after cycle.small_frac of the steps"
+  return out
+
+
 def _changed(options, defaults) -> list[str]:
   """The fields of an options dataclass that differ from its defaults."""
   return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(defaults, f.name)]

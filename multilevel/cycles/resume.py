@@ -66,14 +66,15 @@ def checkpoint(runner: Host, state: TrainState, held: dict) -> tuple[dict, dict]
 
 
 def compared(saved: dict, now: dict) -> tuple[dict, dict]:
-  """The parts of a saved and a current config that must agree for a resume: not the options the run's method does
-  not read (recorded by runs made before they were refused), nor ``train.eval_every`` where the saved run did not
+  """The parts of a saved and a current config that must agree for a resume: not the options the run's method (or
+  its V-cycle's shape: ``cycles.config.unread_keys``) does not read, nor ``train.eval_every`` where the saved run did not
   record it (runs made before adaptive stages recorded it)."""
-  from multilevel.cycles.config import METHOD_OPTIONS, VCYCLE_KEYS
-  method = now.get("cycle", {}).get("method", "vcycle")
+  from multilevel.cycles.config import METHOD_OPTIONS, unread_keys
+  cycle = now.get("cycle", {})
+  method = cycle.get("method", "vcycle")
   unread = {name for name in METHOD_OPTIONS if name != method}
-  if method in METHOD_OPTIONS:
-    unread |= VCYCLE_KEYS
+  if method in METHOD_OPTIONS or method == "vcycle":  # A plugin method may read the V-cycle's keys.
+    unread |= set(unread_keys(cycle))
   saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now))
   for d in (saved, now):
     for key in unread:
