@@ -71,6 +71,12 @@ def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: in
   override(c, {"train.steps": steps, "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // evals),
                "checkpoint.every": 0, "checkpoint.async_save": True, "progress": False, "tensorboard": False,
                "data.max_eval_batches": 8})
+  if family == "deit" and not c.data.name and not c.data.folder:
+    from multilevel.data.images import FASHION_MNIST_DIRS, find_fashion_mnist
+    if find_fashion_mnist() is None:  # The data would fall back to MNIST digits: figures of another benchmark.
+      raise app.UsageError(f"The DeiT benchmark trains on Fashion-MNIST, which is not installed (looked in "
+                           f"{', '.join(FASHION_MNIST_DIRS)}): apt-get install dataset-fashion-mnist, or name other "
+                           f"data with --set=data.name=... / --set=data.folder=....")
   if family == "bert":  # Post-LN: the pre-LN width option does not apply (and is refused).
     overrides = {k: v for k, v in overrides.items() if k != "cycle.preln_exact"}
   return override(c, overrides)

