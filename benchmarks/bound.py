@@ -241,7 +241,8 @@ def plot(d: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(1, 2, figsize=(12, 4.6))
+  import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
+  fig, ax = plt.subplots(1, 2, figsize=(13.5, 4.6))
   for name, pts in [("L0 (target)", d["target_frontier"])] + list(d["level_frontiers"].items()):
     ax[0].plot(*zip(*pts), marker="o", label=name)
   ax[0].set_xscale("log")
@@ -258,13 +259,18 @@ def plot(d: dict, path: str) -> None:
       if n == names[-1]:  # The longest chain holds every model: its envelope is the best single model.
         ax[1].plot([r["tokens_per_param"] for r in ok], [r[n]["envelope_saving"] for r in ok], "c:", lw=1.5,
                    label="best single model (envelope)")
-  for name, xs in sorted(d["measured"].items()):
-    ax[1].plot(*zip(*sorted(xs)), marker="o", lw=0.8, label=name)
+  colors, markers = plt.get_cmap("tab20").colors, "osD^vP*Xh<>p"
+  for i, (name, xs) in enumerate(sorted(d["measured"].items())):  # A color and a marker of its own per method.
+    ax[1].plot(*zip(*sorted(xs)), marker=markers[i % len(markers)], color=colors[(2 * i) % 20 + (i // 10) % 2],
+               lw=0.8, label=name)
   ax[1].axhline(0, color="gray", lw=0.8)
   ax[1].set_xscale("log")
+  ax[1].xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 3, 10, 20, 40: not 3x10^0 over 4x10^0.
+  ax[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax[1].set_xticks(sorted({round(r["tokens_per_param"]) for r in d["budgets"]}))
   ax[1].set_xlabel("budget (tokens per parameter)")
   ax[1].set_ylabel("FLOPs saved vs the target's scratch frontier")
-  ax[1].legend(fontsize=7)
+  ax[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
