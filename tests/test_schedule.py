@@ -58,6 +58,13 @@ def test_width_copies_that_nothing_tells_apart_are_refused_with_what_breaks_them
              {"cycle.shrink_perturb": (0.9, 0.1)}, {"cycle.allow_tied_copies": True}):
     assert len(plan_of(**{**base, **ok}).levels) == 2
 
+def test_the_smallest_stage_may_run_more_steps_than_the_budget():
+  # A planned V-cycle gives its small model more steps than train.steps when they cost less (DeiT's plan at T=700:
+  # 780 small steps, small_frac 1.11); refusing every share above 1 made the planner's own configs fail.
+  p = plan_of(levels=2, **{"train.steps": 100, "cycle.small_frac": 1.5})
+  assert [s.steps for s in p.stages if s.kind == "bottom"] == [150]
+
+
 @pytest.mark.parametrize("override, message", [
     ({"cycle.levels": 0}, "levels must be >= 1"),
     ({"cycle.optimizer_policy": "keep"}, "optimizer_policy"),
@@ -67,8 +74,11 @@ def test_width_copies_that_nothing_tells_apart_are_refused_with_what_breaks_them
     ({"cycle.small_frac": 0.0}, "small_frac gives 0 steps"),
     ({"cycle.levels": 4}, "Cannot shrink"),
     ({"cycle.width_schemes": "[[[0, 1], [1, 2]]]", "cycle.levels": 2}, "twice"),
-    # Shares above 1 trained past the budget (a 150% bottom stage), and lr_scales were named only as a peak rate.
-    ({"cycle.small_frac": 1.5}, r"cycle.small_frac are shares of train.steps and must lie in \[0, 1\]"),
+    # Shares above 1 trained past the budget (a 300% first stage), and lr_scales were named only as a peak rate. The
+    # smallest stage may run more steps than the budget's (they are cheaper), but not cost more than all of it.
+    ({"cycle.small_frac": 9.0}, r"cycle.small_frac=9.0 gives the smallest model \(2 layers, width 16\) 1.28x the "
+                                r"FLOPs of the whole budget .* Lower cycle.small_frac \(below 7.01 here\)"),
+    ({"cycle.small_frac": float("nan")}, r"cycle.small_frac .* must be >= 0 and finite"),
     ({"cycle.down_fracs": (3.0, 0.05)}, r"cycle.down_fracs are shares"),
     ({"cycle.lr_scales": (1.0, -4.0)}, r"cycle.lr_scales .* must be positive"),
     # Another method's options are not read by this one: refused, not ignored (and then recorded).

@@ -70,7 +70,7 @@ class CycleConfig:
   new_layers: str = "copy"
   # Per level, target model first; cut to the number of levels used.
   down_fracs: tuple[float, ...] = (0.05, 0.05, 0.05)  # Steps at each level before coalescing (fractions of T).
-  small_frac: float = 0.5  # Steps at the smallest level.
+  small_frac: float = 0.5  # Steps at the smallest level (may exceed 1: its steps are cheaper).
   # Where the smallest level's weights come from: 'coalesce' (the paper: train the target down_fracs[0] of T, then
   # coalesce level by level) or 'fresh' (the smallest model's own random initialisation, as G_stack's small model and
   # the planner's pilots start: no down stages, no snapshots, so it needs w_pre = 0).
@@ -189,11 +189,16 @@ class CycleConfig:
                         f"{self.small_warmup_steps}.")
     if not 0.0 <= self.transition_warmup_frac <= 1.0:
       raise ConfigError(f"cycle.transition_warmup_frac must be in [0, 1], got {self.transition_warmup_frac}.")
-    for name in ("down_fracs", "up_fracs", "small_frac"):  # Shares of train.steps (1.5 trained 150% of it).
+    for name in ("down_fracs", "up_fracs"):  # Shares of train.steps (1.5 trained 150% of it).
       values = getattr(self, name)
       for v in values if isinstance(values, (list, tuple)) else (values,):
         if not 0.0 <= float(v) <= 1.0:
           raise ConfigError(f"cycle.{name} are shares of train.steps and must lie in [0, 1], got {values!r}.")
+    # The smallest model's steps cost a fraction of the target's, so its stage may run more than train.steps of them
+    # (the planner's plans do): vcycle.build_plan refuses only a stage that costs more than the whole budget.
+    if not 0.0 <= float(self.small_frac) < float("inf"):
+      raise ConfigError(f"cycle.small_frac (the smallest stage's steps over train.steps) must be >= 0 and finite, "
+                        f"got {self.small_frac!r}.")
     if any(not float(v) > 0 for v in self.lr_scales):
       raise ConfigError(f"cycle.lr_scales (each level's peak learning rate over train.lr) must be positive, got "
                         f"{tuple(self.lr_scales)!r}.")

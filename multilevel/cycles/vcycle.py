@@ -114,6 +114,7 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
                       f"/ cycle.depth_factor=1 to keep that axis.") from None
   levels = (model,) + tuple(m.small for m in maps)
   _check_symmetry_broken(cycle, levels)
+  _check_small_stage_cost(cycle, levels)
   if cycle.new_layers == "fresh" and not any(m.changes_depth for m in maps):
     raise ConfigError("cycle.new_layers='fresh' draws the layers that depth growth adds, but no level of this plan "
                       "changes the depth (cycle.depth_factor=1 or depth schemes that keep every layer). Set "
@@ -169,6 +170,20 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
     stages.append(Stage(len(stages), lvl, "up", "grow", n, opt_at(lvl, trained(peak, n, round(tw * n), lvl == 0)),
                         tuple(sorted(held))))
   return Plan("vcycle", levels, tuple(stages), cycle, tuple(maps), train.seed)
+
+
+def _check_small_stage_cost(cycle, levels: tuple[ModelConfig, ...]) -> None:
+  """``small_frac`` above 1 gives the smallest model more steps than the budget's (its steps are cheaper: planned
+  V-cycles do this); refused where that stage alone would cost more FLOPs than the whole budget of target steps."""
+  if float(cycle.small_frac) <= 1:
+    return
+  from multilevel.train.flops import train_flops_per_step
+  share = float(cycle.small_frac) * train_flops_per_step(levels[-1], 1) / train_flops_per_step(levels[0], 1)
+  if share > 1:
+    raise ConfigError(f"cycle.small_frac={cycle.small_frac} gives the smallest model ({levels[-1].num_layers} "
+                      f"layers, width {levels[-1].width}) {share:.2f}x the FLOPs of the whole budget of "
+                      f"train.steps target steps, before any other stage. Lower cycle.small_frac (below "
+                      f"{cycle.small_frac / share:.2f} here), or raise train.steps.")
 
 
 def _check_symmetry_broken(cycle, levels: tuple[ModelConfig, ...]) -> None:
