@@ -22,6 +22,7 @@ from absl import app, flags
 
 from benchmarks import cli
 from benchmarks.frontiers import fitted_cost
+from multilevel.metrics import wall_seconds
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -56,18 +57,23 @@ def measure(a) -> dict:
            **_read(fit, points, b["variants"][a.variant], 0.0)}]
   for spec in a.seed:
     seed, _, files = spec.partition(":")
-    scratch, run = [], None
+    scratch, run, beside = [], None, None
     for path in files.split("+"):
       with open(path) as f:
         e = _budget(json.load(f), a.budget)
       if e is None:
         raise app.UsageError(f"{path} has no budget of {a.budget} steps.")
       scratch.append(e["scratch"]["final_eval_loss"])
-      run = e["variants"].get(a.variant, run)
+      if a.variant in e["variants"]:
+        run = e["variants"][a.variant]
+        # A scratch run trained by the same command (not reused from another file) ran in the same session.
+        beside = None if e.get("scratch_from") else e["scratch"]
     if run is None:
       raise app.UsageError(f"--seed={spec}: no {a.variant!r} run in these files.")
     shift = min(scratch) - ref_loss
-    rows.append({"seed": int(seed), "scratch": min(scratch), "shift": shift, **_read(fit, points, run, shift)})
+    row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, "scratch": min(scratch), "shift": shift,
+           **_read(fit, points, run, shift)}
+    rows.append({**row, **_seconds(row, run, beside)})
   savings = [r["saving"] for r in rows if r["saving"] is not None]
   return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
           "rows": rows, "mean": sum(savings) / len(savings) if savings else None,
@@ -80,13 +86,28 @@ def _read(fit, points, run: dict, shift: float) -> dict:
           "saving": None if cost is None else 1 - run["total_flops"] / cost}
 
 
+def _seconds(row: dict, run: dict, scratch: dict | None) -> dict:
+  """Seconds saved where the seed's scratch run trained in the same session as the method (a machine's speed drifts
+  between sessions): scratch's seconds at the FLOPs the shifted fit says it needs for the method's loss (its seconds
+  scaled by FLOPs: a scratch step costs the same throughout), against the method's own."""
+  if scratch is None or row["saving"] is None or "train_seconds" not in scratch or "train_seconds" not in run:
+    return {}
+  needed = run["total_flops"] / (1 - row["saving"])  # The fit's FLOPs for the method's (shifted) loss.
+  scratch_s = scratch["train_seconds"] * needed / scratch["total_flops"]
+  return {"seconds": wall_seconds(run), "scratch_seconds": scratch["train_seconds"],
+          "seconds_saving": 1 - wall_seconds(run) / scratch_s}
+
+
 def table(d: dict) -> str:
   pct = lambda x: "n/a" if x is None else f"{100 * x:+.0f}%"
   lines = [f"{d['variant']} at T={d['budget']}, read on the reference seed's fit shifted per seed:",
-           "| seed | best scratch | shift | final loss | FLOPs saved |", "|---|---|---|---|---|"]
+           "| seed | best scratch | shift | final loss | FLOPs saved | seconds saved (same session) |",
+           "|---|---|---|---|---|---|"]
   for r in d["rows"]:
+    secs = (f"{pct(r['seconds_saving'])} ({r['seconds']:.1f} s; scratch {r['scratch_seconds']:.1f} s)"
+            if "seconds_saving" in r else "-")
     lines.append(f"| {r['seed']} | {r['scratch']:.4f} | {r['shift']:+.4f} | {r['final_eval_loss']:.4f} | "
-                 f"{pct(r['saving'])} |")
+                 f"{pct(r['saving'])} | {secs} |")
   lines.append(f"mean {pct(d['mean'])} [{pct(d['min'])}, {pct(d['max'])}]")
   return "\n".join(lines)
 

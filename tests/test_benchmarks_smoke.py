@@ -360,6 +360,17 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   assert d["rows"][1]["shift"] == pytest.approx(-0.1)
   assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
   assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)
+  assert "seconds_saving" not in d["rows"][1]  # Seed 1's scratch is b.json's, not beside its variant: no seconds.
+  # A re-run in another session: scratch trained beside the variant, so their seconds compare. Scratch reaches the
+  # variant's loss (the 1e10 point, shifted) with all its 1e10 FLOPs in 100 s; the variant took 60 s: 40% saved.
+  (tmp_path / "c.json").write_text(json.dumps({"budgets": [{"steps": 1000, "scratch": {
+      "final_eval_loss": law(1e10) - 0.1, "total_flops": 1e10, "train_seconds": 100.0}, "variants": {"planned": {
+          "final_eval_loss": law(1e10) - 0.1, "total_flops": 5e9, "train_seconds": 59.0, "transition_seconds": 1.0}}}]}))
+  a.seed = [f"42-again:{tmp_path / 'c.json'}"]
+  row = seeds_shifted.measure(a)["rows"][1]
+  assert row["seed"] == "42-again" and row["saving"] == pytest.approx(0.5, abs=1e-6)
+  assert row["seconds_saving"] == pytest.approx(0.4, abs=1e-6)
+  assert "+40% (60.0 s; scratch 100.0 s)" in seeds_shifted.table(seeds_shifted.measure(a))
 
 
 def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_numbers(tmp_path):
