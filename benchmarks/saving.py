@@ -71,7 +71,7 @@ def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: in
   override(c, {"train.steps": steps, "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // evals),
                "checkpoint.every": 0, "checkpoint.async_save": True, "progress": False, "tensorboard": False,
                "data.max_eval_batches": 8})
-  if family == "deit" and not c.data.name and not c.data.folder:
+  if family == "deit" and c.data.name in ("", "default") and not c.data.folder:
     from multilevel.data.images import FASHION_MNIST_DIRS, find_fashion_mnist
     if find_fashion_mnist() is None:  # The data would fall back to MNIST digits: figures of another benchmark.
       raise app.UsageError(f"The DeiT benchmark trains on Fashion-MNIST, which is not installed (looked in "
@@ -245,9 +245,10 @@ def main(argv):
     cfg = make_config(family, steps, {"cycle.levels": 1}, extra, a.evals)
     scratch_dir = os.path.join(a.workroot, f"{family}-{steps}-scratch")
     earlier = earlier_scratch(a.scratch_from, family, results["model_overrides"], steps)
+    reused = earlier is None and a.reuse_scratch and os.path.exists(os.path.join(scratch_dir, "summary.json"))
     if earlier is not None:
       scratch = earlier
-    elif a.reuse_scratch and os.path.exists(os.path.join(scratch_dir, "summary.json")):
+    elif reused:
       from multilevel.metrics import read_metrics
       with open(os.path.join(scratch_dir, "summary.json")) as f:
         scratch = {"summary": json.load(f), "records": read_metrics(scratch_dir)}
@@ -265,6 +266,8 @@ def main(argv):
              "variants": {}}
     if earlier is not None:
       entry["scratch_from"] = earlier["file"]
+    elif reused:  # Trained by an earlier command, perhaps in another session: its seconds are not this one's.
+      entry["scratch_reused"] = scratch_dir
     planned, predicted = plan_variant(a.plan, steps, plan_extra)
     for name in list(a.variants) + list(planned):
       overrides = planned.get(name) or VARIANTS[name]

@@ -60,14 +60,17 @@ def measure(a) -> dict:
     scratch, run, beside = [], None, None
     for path in files.split("+"):
       with open(path) as f:
-        e = _budget(json.load(f), a.budget)
+        d = json.load(f)
+      e = _budget(d, a.budget)
       if e is None:
         raise app.UsageError(f"{path} has no budget of {a.budget} steps.")
       scratch.append(e["scratch"]["final_eval_loss"])
       if a.variant in e["variants"]:
         run = e["variants"][a.variant]
-        # A scratch run trained by the same command (not reused from another file) ran in the same session.
-        beside = None if e.get("scratch_from") else e["scratch"]
+        # A scratch run trained by the same command (not read from another file, nor reused from the workroot: files
+        # written before scratch_reused was recorded say so only in their command) ran in the same session.
+        reused = e.get("scratch_from") or e.get("scratch_reused") or "--reuse_scratch" in d.get("command", "")
+        beside = None if reused else e["scratch"]
     if run is None:
       raise app.UsageError(f"--seed={spec}: no {a.variant!r} run in these files.")
     shift = min(scratch) - ref_loss

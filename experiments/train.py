@@ -128,10 +128,8 @@ def check_method_reads(argv, config) -> None:
   another built-in method, or under a V-cycle whose shape leaves them out (``cycles.config.unread_keys``: e.g.
   ``cycle.down_fracs`` with ``cycle.small_init='fresh'``). They would be ignored, and a setting that changes nothing
   is a mistake the user should hear of."""
-  from multilevel.cycles.config import METHOD_OPTIONS, unread_keys
+  from multilevel.cycles.config import unread_keys
   method = config.cycle.method
-  if method not in METHOD_OPTIONS and method != "vcycle":
-    return
   keys = [a[len("--config.cycle."):].split("=", 1)[0] for a in argv[1:] if a.startswith("--config.cycle.")]
   unread = unread_keys(config.cycle)
   for k in keys:

@@ -40,13 +40,21 @@ def config_flags(family: str, levels: int, deep: bool, overrides: dict) -> list[
   return out
 
 
+# Prefix for a child that must see Ctrl-C: a shell without job control (``cmd &`` in a script, as some CI harnesses
+# run) starts its background jobs with SIGINT ignored, a child inherits that, and Python then installs no
+# KeyboardInterrupt handler, so the tests' SIGINT would do nothing. This resets SIGINT and execs the real command
+# (rather than a preexec_fn, which forks a multithreaded process).
+SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"]
+
+
 def run_cli(workdir: str, flags: list[str], env: dict | None = None, timeout: float = 300):
   """Runs ``python -m experiments.train`` in a subprocess; returns the CompletedProcess."""
   env = dict(env or {})
   if "XLA_FLAGS" in env:  # Added to the test session's flags, not instead of them.
     env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {env['XLA_FLAGS']}".strip()
   full_env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", **env)
-  return subprocess.run([sys.executable, "-m", "experiments.train", f"--workdir={workdir}", *flags], cwd=ROOT,
+  return subprocess.run([*SIGINT_DEFAULT, "-m", "experiments.train", f"--workdir={workdir}", *flags], cwd=ROOT,
                         env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -371,6 +371,14 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   assert row["seed"] == "42-again" and row["saving"] == pytest.approx(0.5, abs=1e-6)
   assert row["seconds_saving"] == pytest.approx(0.4, abs=1e-6)
   assert "+40% (60.0 s; scratch 100.0 s)" in seeds_shifted.table(seeds_shifted.measure(a))
+  # The same file, but its scratch run was reused from an earlier command's workroot: no seconds.
+  for mark in ({"scratch_reused": "/w/gpt-1000-scratch"}, {"command": "python -m benchmarks.saving --reuse_scratch"}):
+    d = json.loads((tmp_path / "c.json").read_text())
+    d["budgets"][0].update({k: v for k, v in mark.items() if k != "command"})
+    d.update({k: v for k, v in mark.items() if k == "command"})
+    (tmp_path / "d.json").write_text(json.dumps(d))
+    a.seed = [f"42-again:{tmp_path / 'd.json'}"]
+    assert "seconds_saving" not in seeds_shifted.measure(a)["rows"][1], mark
 
 
 def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_numbers(tmp_path):

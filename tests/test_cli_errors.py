@@ -9,7 +9,7 @@ import pytest
 
 from multilevel.cycles.driver import train_and_evaluate
 from multilevel.typed_config import ConfigError
-from tests.engine_util import ROOT, tiny_config
+from tests.engine_util import ROOT, SIGINT_DEFAULT, tiny_config
 
 
 @pytest.fixture
@@ -148,9 +148,9 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
 
 def test_ctrl_c_in_the_planner_is_one_line(tmp_path):
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
-  proc = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", f"--workdir={tmp_path / 'p'}",
-                         "--steps=64", "--candidates=depth", "--lr_scales=2", "--max_levels=2"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300,
+  proc = subprocess.run([*SIGINT_DEFAULT, "-m", "experiments.plan", f"--config={config}",
+                         f"--workdir={tmp_path / 'p'}", "--steps=64", "--candidates=depth", "--lr_scales=2",
+                         "--max_levels=2"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                         env={**os.environ, "JAX_PLATFORMS": "cpu", "MULTILEVEL_FAULT": "step:2:sigint"})
   assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert proc.stderr.strip().splitlines()[-1].startswith("interrupted: run the same command again: the finished pilots")

@@ -274,6 +274,10 @@ def test_fashion_mnist_by_name_is_not_replaced_by_digits(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"data.name='fashion_mnist' reads Fashion-MNIST .* which is not installed "
                                        r"\(looked in .*absent\): apt-get install dataset-fashion-mnist"):
     make_data(_cfg(tmp_path, name="fashion_mnist"), kind="images", batch_size=8, image_size=28, **ONE_HOST)
+  from multilevel.data import DataConfig, check_sources  # The driver's check before the workdir says the same.
+  with pytest.raises(ValueError, match=r"data.name='fashion_mnist' reads Fashion-MNIST"):
+    check_sources(DataConfig.from_config(_cfg(tmp_path, name="fashion_mnist"), "data"), "images")
+  check_sources(DataConfig.from_config(_cfg(tmp_path), "data"), "images")  # The default falls back.
 
 
 def test_the_deit_benchmark_refuses_to_run_on_the_fallback_digits(tmp_path, monkeypatch):
@@ -283,5 +287,7 @@ def test_the_deit_benchmark_refuses_to_run_on_the_fallback_digits(tmp_path, monk
   monkeypatch.setattr(images, "FASHION_MNIST_DIRS", (str(tmp_path / "absent"),))
   with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST, which is not installed"):
     saving.make_config("deit", 100, {}, {}, 10)
+  with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST"):
+    saving.make_config("deit", 100, {}, {"data.name": "default"}, 10)
   saving.make_config("deit", 100, {}, {"data.folder": str(tmp_path)}, 10)  # Other data, named: the user's choice.
   saving.make_config("gpt", 100, {}, {}, 10)

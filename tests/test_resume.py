@@ -126,6 +126,8 @@ def test_a_resume_compares_only_what_the_method_reads_and_what_the_run_recorded(
   assert diff(cfg(levels=1), cfg()) != []
   assert diff(cfg(target_frontier=[[1e9, 4.0]]), cfg()) == []
   assert diff(cfg(small_stop="frontier", target_frontier=[[1e9, 4.0]]), cfg(small_stop="frontier")) != []
+  # A method registered from outside may read the V-cycle's keys: they are compared for it.
+  assert diff(cfg("halfstack", w_pre=0.1), cfg("halfstack")) != []
   # eval_every, recorded for adaptive stages since today: an older run without it resumes; a recorded one must agree.
   old = cfg()
   old["train"].pop("eval_every", None)

@@ -63,6 +63,11 @@ def test_the_smallest_stage_may_run_more_steps_than_the_budget():
   # 780 small steps, small_frac 1.11); refusing every share above 1 made the planner's own configs fail.
   p = plan_of(levels=2, **{"train.steps": 100, "cycle.small_frac": 1.5})
   assert [s.steps for s in p.stages if s.kind == "bottom"] == [150]
+  # The largest share the refusal names fits (it is rounded down).
+  assert [s.steps for s in plan_of(levels=2, **{"cycle.small_frac": 7.01}).stages if s.kind == "bottom"]
+  # A small model from its own init has no down stages: cycle.down_fracs is neither read nor checked.
+  fresh = {"cycle.small_init": "fresh", "cycle.w_pre": 0.0, "cycle.split_noise": 0.1}
+  assert plan_of(levels=2, **fresh, **{"cycle.down_fracs": ()}).stages[0].kind == "bottom"
 
 
 @pytest.mark.parametrize("override, message", [
@@ -77,7 +82,8 @@ def test_the_smallest_stage_may_run_more_steps_than_the_budget():
     # Shares above 1 trained past the budget (a 300% first stage), and lr_scales were named only as a peak rate. The
     # smallest stage may run more steps than the budget's (they are cheaper), but not cost more than all of it.
     ({"cycle.small_frac": 9.0}, r"cycle.small_frac=9.0 gives the smallest model \(2 layers, width 16\) 1.28x the "
-                                r"FLOPs of the whole budget .* Lower cycle.small_frac \(below 7.01 here\)"),
+                                r"FLOPs of the whole budget .* costs 0.143 of a target step, whatever train.steps\). "
+                                r"Set cycle.small_frac to at most 7.01 here.$"),
     ({"cycle.small_frac": float("nan")}, r"cycle.small_frac .* must be >= 0 and finite"),
     ({"cycle.down_fracs": (3.0, 0.05)}, r"cycle.down_fracs are shares"),
     ({"cycle.lr_scales": (1.0, -4.0)}, r"cycle.lr_scales .* must be positive"),

@@ -221,6 +221,7 @@ METHOD_OPTIONS = {f.name: type(f.default) for f in dataclasses.fields(CycleConfi
 # their own section (experiments.train refuses these keys on their command line; config files set them for the
 # V-cycle, so they may stand there unread).
 VCYCLE_KEYS = _FIELDS - {"method"} - set(METHOD_OPTIONS)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CycleConfig)}
 
 
 def unread_keys(cycle) -> dict[str, str]:
@@ -229,18 +230,21 @@ def unread_keys(cycle) -> dict[str, str]:
   those its shape leaves out (scratch, a small model from its own init, a fixed small stage). Family config files set
   these keys for every run, so they may stand there unread; a command line that sets one is refused
   (experiments.train) and a resume does not compare them (cycles.resume)."""
-  get = (lambda k, d: cycle.get(k, d)) if hasattr(cycle, "get") else (lambda k, d: getattr(cycle, k, d))
-  method = get("method", "vcycle")
+  get = ((lambda k: cycle.get(k, _DEFAULTS[k])) if hasattr(cycle, "get") else
+         (lambda k: getattr(cycle, k, _DEFAULTS[k])))
+  method = get("method")
+  if method not in METHOD_OPTIONS and method != "vcycle":
+    return {}  # A method registered from outside (a plugin) may read any of them.
   if method != "vcycle":
     return {k: f"an option of the V-cycle (cycle.method='vcycle'); method {method!r} reads only cycle.{method}.*"
             for k in VCYCLE_KEYS}
-  if int(get("levels", 2)) == 1:
+  if int(get("levels")) == 1:
     return {k: "cycle.levels=1 trains the target alone, from scratch" for k in VCYCLE_KEYS - {"levels"}}
   out = {}
-  if get("small_init", "coalesce") == "fresh":
+  if get("small_init") == "fresh":
     out["down_fracs"] = ("cycle.small_init='fresh' starts the smallest model from its own initialisation, so there "
                          "are no down stages")
-  if get("small_stop", "fixed") == "fixed":
+  if get("small_stop") == "fixed":
     for k in ("target_frontier", "stop_window"):
       out[k] = "cycle.small_stop='fixed' ends the smallest stage after cycle.small_frac of the steps"
   return out

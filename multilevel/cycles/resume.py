@@ -73,8 +73,7 @@ def compared(saved: dict, now: dict) -> tuple[dict, dict]:
   cycle = now.get("cycle", {})
   method = cycle.get("method", "vcycle")
   unread = {name for name in METHOD_OPTIONS if name != method}
-  if method in METHOD_OPTIONS or method == "vcycle":  # A plugin method may read the V-cycle's keys.
-    unread |= set(unread_keys(cycle))
+  unread |= set(unread_keys(cycle))
   saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now))
   for d in (saved, now):
     for key in unread:

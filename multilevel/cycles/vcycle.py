@@ -23,6 +23,7 @@ held snapshot of the same level: never another run's model, the reference's bug 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import jax
@@ -121,7 +122,7 @@ def build_plan(model: ModelConfig, cycle, train, cuts: tuple = ()) -> Plan:
                       "cycle.new_layers='copy', or grow the depth.")
 
   scales = _tuple(cycle.lr_scales, k, "lr_scales")
-  down = _tuple(cycle.down_fracs, k - 1, "down_fracs")
+  down = () if cycle.small_init == "fresh" else _tuple(cycle.down_fracs, k - 1, "down_fracs")  # (No down stages.)
   up = _tuple(cycle.up_fracs, k - 1, "up_fracs")
   tw = cycle.transition_warmup_frac
   steps_of = lambda frac, name: _positive(round(float(frac) * total), name)
@@ -178,12 +179,14 @@ def _check_small_stage_cost(cycle, levels: tuple[ModelConfig, ...]) -> None:
   if float(cycle.small_frac) <= 1:
     return
   from multilevel.train.flops import train_flops_per_step
-  share = float(cycle.small_frac) * train_flops_per_step(levels[-1], 1) / train_flops_per_step(levels[0], 1)
+  ratio = train_flops_per_step(levels[-1], 1) / train_flops_per_step(levels[0], 1)
+  share = float(cycle.small_frac) * ratio
   if share > 1:
+    most = math.floor(100 / ratio) / 100  # Rounded down, so that the share named fits.
     raise ConfigError(f"cycle.small_frac={cycle.small_frac} gives the smallest model ({levels[-1].num_layers} "
                       f"layers, width {levels[-1].width}) {share:.2f}x the FLOPs of the whole budget of "
-                      f"train.steps target steps, before any other stage. Lower cycle.small_frac (below "
-                      f"{cycle.small_frac / share:.2f} here), or raise train.steps.")
+                      f"train.steps target steps, before any other stage (a step of it costs {ratio:.3f} of a "
+                      f"target step, whatever train.steps). Set cycle.small_frac to at most {most:.2f} here.")
 
 
 def _check_symmetry_broken(cycle, levels: tuple[ModelConfig, ...]) -> None:

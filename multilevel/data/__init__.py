@@ -51,6 +51,9 @@ def check_sources(cfg, kind: str) -> None:
   if cfg.revision and (kind != "text" or cfg.files or cfg.token_file or cfg.folder or _named_offline(cfg.name)):
     raise ValueError(f"data.revision={cfg.revision!r} picks a version of a Hugging Face hub data set (data.name); "
                      f"this run reads {_source_name(cfg)}, which has none. Leave data.revision out.")
+  if kind in ("images", "image") and cfg.name == "fashion_mnist" and not cfg.folder:
+    from multilevel.data.images import require_fashion_mnist
+    require_fashion_mnist()  # Named, so not replaced by the fallback digits: refused before the workdir.
   if kind == "text" and cfg.files and not cfg.token_file:
     from multilevel.data.text import resolve_files
     resolve_files(cfg.files)  # A glob that matches nothing, or a folder, is refused here.

