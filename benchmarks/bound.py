@@ -246,6 +246,7 @@ def plot(d: dict, path: str) -> None:
   for name, pts in [("L0 (target)", d["target_frontier"])] + list(d["level_frontiers"].items()):
     ax[0].plot(*zip(*pts), marker="o", label=name)
   ax[0].set_xscale("log")
+  ax[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # Decades only: minor labels overlap.
   ax[0].set_xlabel("training FLOPs")
   ax[0].set_ylabel("final eval loss (fully decayed scratch)")
   ax[0].legend()
