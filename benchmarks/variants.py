@@ -78,6 +78,11 @@ METHODS = {
     "gstack": {"cycle.method": "gstack"},  # g = 4: a 1-layer small model for the 4-layer benchmark models.
     "gstack_g2": {"cycle.method": "gstack", "cycle.gstack.factor": 2},
     "stackbert": {"cycle.method": "stackbert"},
+    # Longer shallow stages than the published 12.5 / 17.5% (the stacked GPT ends below scratch with 70% left).
+    "stackbert_long": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5)},
+    "stackbert_longer": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.3, 0.3, 0.4)},
+    "stackbert_2stage": {"cycle.method": "stackbert", "cycle.stackbert.stages": 2, "cycle.stackbert.fracs": (0.4, 0.6)},
+    "gstack_g2_30": {"cycle.method": "gstack", "cycle.gstack.factor": 2, "cycle.gstack.growth_frac": 0.3},
     "mslt": {"cycle.method": "mslt"},
     # 20 operator steps: LiGO's 100 are 0.025% of its 400k-step runs; 20 are 1.4-10% of these budgets.
     "ligo": {"cycle.method": "ligo", "cycle.ligo.operator_steps": 20},

@@ -387,3 +387,25 @@ def test_a_tree_with_parameters_the_config_does_not_have_is_refused_not_run_with
     M.apply(dataclasses.replace(untied, tie_embeddings=True), p, x)
   with pytest.raises(ValueError, match=r"only in params: \['extra/kernel'\]"):
     M.apply(untied, {**p, "extra": p["lm_head"]}, x)
+
+
+def test_residual_init_scales_each_branch_output_projection_and_auto_keeps_each_familys_own():
+  """``residual_init``: 'auto' is bit for bit the family's own init (GPT scaled by 1/sqrt(2L), LLaMA and BERT plain);
+  'scaled' / 'plain' change only the residual branches' output projections (attention out, FFN down / fc2)."""
+  outs = {"gpt": ("attn/out/kernel", "mlp/fc2/kernel"), "llama": ("attn/out/kernel", "mlp/down/kernel"),
+          "bert": ("attn/out/kernel", "mlp/fc2/kernel")}
+  for family, preset, own, other in [("gpt", "gpt-test", "scaled", "plain"), ("llama", "llama-test", "plain", "scaled"),
+                                     ("bert", "bert-test", "plain", "scaled")]:
+    cfg = M.preset(preset, num_layers=8)
+    init = lambda rule: flatten(jax.device_get(M.init_params(cfg.replace(residual_init=rule), 0)))
+    auto, same, changed = init("auto"), init(own), init(other)
+    assert auto.keys() == same.keys() == changed.keys()
+    for name in auto:
+      np.testing.assert_array_equal(auto[name], same[name])
+      is_out = name.endswith(outs[family])
+      assert is_out == (not np.array_equal(auto[name], changed[name])), (family, name)
+      if is_out:
+        std = {"scaled": 0.02 / np.sqrt(16), "plain": 0.02}
+        assert abs(np.std(changed[name]) / std[other] - 1) < 0.15, (family, name, np.std(changed[name]))
+  with pytest.raises(ValueError, match=r"residual_init must be one of \('auto', 'scaled', 'plain'\)"):
+    M.ModelConfig("gpt", residual_init="gpt2")

@@ -16,6 +16,8 @@ import numpy as np
 
 from multilevel.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
+RESIDUAL_INITS = ("auto", "scaled", "plain")
+
 def _family(name: str):
   from multilevel.models.family import family_of  # Lazy: the family modules import this one.
   return family_of(name)
@@ -54,6 +56,10 @@ class ModelConfig:
   rope_high_freq_factor: float = 4.0  # Short wavelengths (< rope_original_max_len / this) are kept.
   rope_original_max_len: int = 8192  # The context length the unscaled model was pretrained on.
   tie_embeddings: bool = False  # The LM head is the transposed token embedding.
+  # Init of each residual branch's output projection (attention out, FFN down): 'auto' = the family's own (GPT-2's
+  # 'scaled' for GPT, 'plain' for BERT, DeiT and LLaMA, as Hugging Face's LLaMA), 'scaled' = std 0.02 / sqrt(2 L),
+  # 'plain' = std 0.02. Only fresh models read it.
+  residual_init: str = "auto"
   # Shared.
   dropout: float = 0.0
   ln_eps: float = -1.0  # -1 means the family's default (BERT 1e-12, GPT and LLaMA 1e-5, DeiT 1e-6).
@@ -110,6 +116,9 @@ class ModelConfig:
                            f"{getattr(self, name)}.")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"ModelConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}.")
+    if self.residual_init not in RESIDUAL_INITS:
+      raise ValueError(f"ModelConfig.residual_init must be one of {RESIDUAL_INITS} ('auto' = the family's own), got "
+                       f"{self.residual_init!r}.")
     if self.scan_unroll < 0:
       raise ValueError(f"ModelConfig.scan_unroll must be >= 0 (0 = auto: all layers unrolled on CPUs, a loop "
                        f"elsewhere; n = n layers per loop iteration), got {self.scan_unroll}.")

@@ -19,7 +19,8 @@ from multilevel.models import axes as A
 from multilevel.models.config import ModelConfig
 from multilevel.models.family import Family, register
 from multilevel.models.gpt import lm_head_flops, positions
-from multilevel.models.transformer import check_tokens, compute_dtype, dense_init, over_rows, scan_blocks
+from multilevel.models.transformer import (check_tokens, compute_dtype, dense_init, over_rows, residual_out_std,
+                                          scan_blocks)
 
 
 def rope_inverse_frequencies(head_dim: int, base: float, llama3: tuple[float, float, float, int] | None = None):
@@ -82,7 +83,8 @@ class Attention(nn.Module):
     k_BxTxGxK = apply_rope(proj(cfg.kv_heads, "key"), cos_TxK, sin_TxK)
     v_BxTxGxK = proj(cfg.kv_heads, "value")
     y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, is_causal=True)
-    out = nn.DenseGeneral(cfg.width, axis=(-2, -1), use_bias=False, dtype=dt, kernel_init=dense_init(), name="out")
+    out = nn.DenseGeneral(cfg.width, axis=(-2, -1), use_bias=False, dtype=dt,
+                          kernel_init=dense_init(residual_out_std(cfg)), name="out")
     return over_rows(out, y_BxTxHxK, feature_axes=2)
 
 
@@ -94,10 +96,10 @@ class SwiGlu(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    dense = lambda n, name, x: over_rows(nn.Dense(n, use_bias=False, dtype=compute_dtype(cfg),
-                                                  kernel_init=dense_init(), name=name), x)
+    dense = lambda n, name, x, std=0.02: over_rows(nn.Dense(n, use_bias=False, dtype=compute_dtype(cfg),
+                                                            kernel_init=dense_init(std), name=name), x)
     h_BxTxF = nn.silu(dense(cfg.ffn_dim, "gate", x_BxTxD)) * dense(cfg.ffn_dim, "up", x_BxTxD)
-    return dense(cfg.width, "down", h_BxTxF)
+    return dense(cfg.width, "down", h_BxTxF, residual_out_std(cfg))
 
 
 def rms_norm(cfg: ModelConfig, name: str) -> nn.Module:

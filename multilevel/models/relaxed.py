@@ -177,7 +177,7 @@ class RelaxedBlock(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxT):
     cfg = self.cfg
-    out_std = 0.02 / math.sqrt(2 * cfg.num_layers) if family_of(cfg).scaled_residual_init else 0.02
+    out_std = T.residual_out_std(cfg)
     ln = lambda name: nn.LayerNorm(epsilon=cfg.eps, dtype=jnp.float32, name=name)
     drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
     if self.attention == "linear":

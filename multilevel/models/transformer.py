@@ -25,6 +25,15 @@ def dense_init(std: float = 0.02):
   return nn.initializers.normal(stddev=std)
 
 
+def residual_out_std(cfg: ModelConfig) -> float:
+  """Init std of a residual branch's output projection: GPT-2 scales it by 1/sqrt(2L) ('scaled', GPT's own); BERT,
+  DeiT and Hugging Face's LLaMA do not ('plain'). ``cfg.residual_init`` picks, 'auto' being the family's own."""
+  rule = cfg.residual_init
+  if rule == "auto":
+    rule = "scaled" if family_of(cfg).scaled_residual_init else "plain"
+  return 0.02 / math.sqrt(2 * cfg.num_layers) if rule == "scaled" else 0.02
+
+
 def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
 
@@ -160,8 +169,7 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxT):
     cfg = self.cfg
-    # GPT-2 scales the init of residual projections by 1/sqrt(2L); BERT and DeiT do not.
-    out_std = 0.02 / math.sqrt(2 * cfg.num_layers) if family_of(cfg).scaled_residual_init else 0.02
+    out_std = residual_out_std(cfg)
     ln = lambda name: nn.LayerNorm(epsilon=cfg.eps, dtype=jnp.float32, name=name)
     drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
     attn = Attention(cfg, self.causal, out_std, self.deterministic, name="attn")
