@@ -81,6 +81,11 @@ METHODS = {
     # Longer shallow stages than the published 12.5 / 17.5% (the stacked GPT ends below scratch with 70% left).
     "stackbert_long": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5)},
     "stackbert_longer": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.3, 0.3, 0.4)},
+    # The same with the copies' residual outputs halved (a smaller jump at each doubling), or each block repeated in place.
+    "stackbert_long_scaled": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5),
+                              "cycle.stackbert.growth": "scaled"},
+    "stackbert_long_adjacent": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5),
+                                "cycle.stackbert.order": "adjacent"},
     "stackbert_2stage": {"cycle.method": "stackbert", "cycle.stackbert.stages": 2, "cycle.stackbert.fracs": (0.4, 0.6)},
     "gstack_g2_30": {"cycle.method": "gstack", "cycle.gstack.factor": 2, "cycle.gstack.growth_frac": 0.3},
     "mslt": {"cycle.method": "mslt"},

@@ -45,6 +45,32 @@ def test_the_stacked_model_is_the_small_model_repeated(family):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
 
 
+def test_stackbert_order_and_growth_lay_out_and_start_the_copies():
+  """'adjacent' repeats each block in place; 'scaled' halves both copies' residual outputs; 'zero' zeroes the later
+  copy's, so the stacked pre-LN GPT computes the small model's logits."""
+  big = M.preset("gpt-test").replace(num_layers=4)
+  small = big.replace(num_layers=2)
+  sp = _noisy_params(small)
+  outs = ("attn/out/kernel", "attn/out/bias", "mlp/fc2/kernel", "mlp/fc2/bias")
+  small_layers = flatten(sp["layers"])
+  for order, idx in [("stride", [0, 1, 0, 1]), ("adjacent", [0, 0, 1, 1])]:
+    for growth in ("copy", "scaled", "zero"):
+      plan = _plan("stackbert", stages=2, fracs=(0.5, 0.5), order=order, growth=growth)
+      grown = O.decoalesce(sp, plan.maps[0])
+      for name, x in flatten(grown["layers"]).items():
+        want = np.asarray(small_layers[name])[idx]
+        if name in outs and growth == "scaled":
+          want = want / 2
+        if name in outs and growth == "zero":
+          later = [i for i in range(4) if idx[i] in idx[:i]]  # The second copy of each small block.
+          want = want.copy()
+          want[later] = 0
+        np.testing.assert_array_equal(np.asarray(x), want, err_msg=(order, growth, name))
+      if growth == "zero":
+        x = jnp.asarray(np.random.default_rng(0).integers(0, big.vocab_size, (2, 16)), jnp.int32)
+        np.testing.assert_allclose(M.apply(big, grown, x), M.apply(small, sp, x), rtol=0, atol=2e-5)
+
+
 def test_mslt_new_top_layers_copy_the_top_ones():
   big = M.preset("gpt-test").replace(num_layers=3)
   small = big.replace(num_layers=2)
@@ -99,6 +125,8 @@ def test_stackbert_doubles_and_mslt_adds_top_layers_then_trains_all():
     ("stackbert", {"stages": 4, "fracs": (0.1, 0.1, 0.1, 0.7)}, r"multiple of 8"),
     ("stackbert", {"fracs": (0.5, 0.5)}, r"one positive share per stage \(3\)"),
     ("stackbert", {"fracs": (0.1, 0.2, 0.3)}, r"must add up to 1, got \[0.1, 0.2, 0.3\] \(sum 0.6\)"),
+    ("stackbert", {"order": "interleaved"}, r"stackbert\.order must be one of \('adjacent', 'stride'\)"),
+    ("stackbert", {"growth": "half"}, r"stackbert\.growth must be one of \('copy', 'scaled', 'zero'\)"),
     ("mslt", {"stages": 3}, r"must divide the target's 4 layers"),
     ("ligo", {"width_factor": 3}, r"factor must divide the number of heads\. Set cycle\.ligo\.width_factor to a "
                                   r"divisor of num_heads=2"),  # (It said to pass a width scheme, which LiGO has not.)

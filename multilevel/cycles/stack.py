@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from multilevel import operators as O
+from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
 from multilevel.train.optim import LrSchedule, schedule_for
@@ -59,9 +60,19 @@ class StackBertConfig:
   stages: int = 3  # Depths num_layers / 2^(stages-1), ..., / 2, x1 (3: 3 -> 6 -> 12 for BERT-Base).
   fracs: tuple[float, ...] = (0.125, 0.175, 0.7)  # Share of the steps of each stage, shallowest first.
   lr_schedule: str = "continuous"  # continuous (one scratch-like curve across stages) | restart (each its own)
+  # How each doubling lays out and starts the copies (the papers: 'stride', 'copy'). order: 'stride' repeats the whole
+  # model (block i -> i and i + L), 'adjacent' repeats each block in place (i -> 2i and 2i + 1). growth: the copies'
+  # residual-branch outputs, as the operators' depth_growth: 'copy' (both whole), 'scaled' (each halved: the pair
+  # adds about one block's update), 'zero' (the later copy zeroed: a pre-LN model's function is kept).
+  order: str = "stride"
+  growth: str = "copy"
 
   def __post_init__(self):
     check_fields(self, "cycle.stackbert")
+    if self.order not in O.DEPTH_MODES:
+      raise ConfigError(f"cycle.stackbert.order must be one of {O.DEPTH_MODES}, got {self.order!r}.")
+    if self.growth not in DEPTH_GROWTH:
+      raise ConfigError(f"cycle.stackbert.growth must be one of {DEPTH_GROWTH}, got {self.growth!r}.")
     if self.stages < 2:
       raise ConfigError(f"cycle.stackbert.stages must be >= 2, got {self.stages}.")
     if len(self.fracs) != self.stages or any(not f > 0 for f in self.fracs):
@@ -74,12 +85,13 @@ class StackBertConfig:
       raise ConfigError(f"cycle.stackbert.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
 
 
-def stack_map(small_layers: int, big, factor: int):
-  """The level map whose de-coalescing stacks a ``small_layers``-layer model ``factor`` times into ``big``."""
+def stack_map(small_layers: int, big, factor: int, order: str = "stride", growth: str = "copy"):
+  """The level map whose de-coalescing stacks a ``small_layers``-layer model ``factor`` times into ``big`` (``order``
+  and ``growth``: ``StackBertConfig``'s)."""
   if big.num_layers != small_layers * factor:
     raise ConfigError(f"Stacking {small_layers} layers {factor} times gives {small_layers * factor}, not the "
                       f"{big.num_layers} layers of the model to grow into.")
-  return O.make_mapping(big, width_factor=1, depth_factor=factor, depth_mode="stride", depth_growth="copy")
+  return O.make_mapping(big, width_factor=1, depth_factor=factor, depth_mode=order, depth_growth=growth)
 
 
 def _depth_divisible(model, factor: int, what: str) -> None:
@@ -115,7 +127,7 @@ def stackbert_plan(model, cycle, train) -> Plan:
   stages = tuple(Stage(i, k - 1 - i, "small" if i == 0 else "stacked", "init" if i == 0 else "stack", steps[i],
                        optim_for(schedules[i], train)) for i in range(k))
   # maps[j]: from level j (deeper) to level j + 1 (half as deep), as the operators define a level map.
-  maps = tuple(stack_map(levels[j + 1].num_layers, levels[j], 2) for j in range(k - 1))
+  maps = tuple(stack_map(levels[j + 1].num_layers, levels[j], 2, opts.order, opts.growth) for j in range(k - 1))
   return Plan("stackbert", levels, stages, opts, maps, train.seed)
 
 
