@@ -14,7 +14,8 @@ embeddings, final norm and head are kept. The copy is the operators' de-coalesci
   (``num_layers / 4 -> / 2 -> x1``), with the published step shares 50k / 70k / 280k of 400k (12.5% / 17.5% / 70%),
   a fresh optimizer at each stage (the released scripts reset it) and one learning-rate curve continuous across
   stages (the released runs are piecewise linear); ``lr_schedule='restart'`` instead gives each stage its own
-  warm-up and decay.
+  warm-up and decay. Beyond the paper: ``order='adjacent'`` repeats each block in place, and ``growth='scaled'``
+  halves both copies' residual-branch outputs (``'zero'`` zeroes the later one's: function-preserving for pre-LN).
 
 The reference code of both trains every parameter after growth; so do we. Depth copies do not keep the function
 (a block applied twice is not a block applied once); both papers accept the loss jump after stacking.
