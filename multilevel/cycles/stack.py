@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 
 from multilevel import operators as O
-from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
+from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.train.optim import LrSchedule, schedule_for
 from multilevel.typed_config import ConfigError, check_fields
 

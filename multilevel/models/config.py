@@ -18,6 +18,7 @@ from multilevel.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTAT
 
 RESIDUAL_INITS = ("auto", "scaled", "plain")
 
+
 def _family(name: str):
   from multilevel.models.family import family_of  # Lazy: the family modules import this one.
   return family_of(name)
