@@ -73,23 +73,23 @@ VARIANTS = {
     "control": {**_W, "cycle.restart_control": True},
 }
 VARIANTS = {k: {**REFERENCE, **v} for k, v in VARIANTS.items()}
+_SB_LONG = {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5)}
+_SB_LONGER = {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.3, 0.3, 0.4)}
 # The other growth methods at their documented defaults (multilevel/cycles/<method>.py), on the same benchmark.
 METHODS = {
     "gstack": {"cycle.method": "gstack"},  # g = 4: a 1-layer small model for the 4-layer benchmark models.
     "gstack_g2": {"cycle.method": "gstack", "cycle.gstack.factor": 2},
     "stackbert": {"cycle.method": "stackbert"},
     # Longer shallow stages than the published 12.5 / 17.5% (the stacked GPT ends below scratch with 70% left).
-    "stackbert_long": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5)},
-    "stackbert_longer": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.3, 0.3, 0.4)},
-    # The same with the copies' residual outputs halved (a smaller jump at each doubling), or each block repeated in place.
-    "stackbert_long_scaled": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5),
-                              "cycle.stackbert.growth": "scaled"},
-    "stackbert_long_adjacent": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5),
-                                "cycle.stackbert.order": "adjacent"},
-    "stackbert_long_scaled_adjacent": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.2, 0.3, 0.5),
-                                       "cycle.stackbert.growth": "scaled", "cycle.stackbert.order": "adjacent"},
-    "stackbert_longer_scaled": {"cycle.method": "stackbert", "cycle.stackbert.fracs": (0.3, 0.3, 0.4),
-                                "cycle.stackbert.growth": "scaled"},
+    "stackbert_long": _SB_LONG,
+    "stackbert_longer": _SB_LONGER,
+    # The same with the copies' residual outputs halved (a smaller jump at each doubling), or each block repeated in
+    # place.
+    "stackbert_long_scaled": {**_SB_LONG, "cycle.stackbert.growth": "scaled"},
+    "stackbert_long_adjacent": {**_SB_LONG, "cycle.stackbert.order": "adjacent"},
+    "stackbert_long_scaled_adjacent": {**_SB_LONG, "cycle.stackbert.growth": "scaled",
+                                       "cycle.stackbert.order": "adjacent"},
+    "stackbert_longer_scaled": {**_SB_LONGER, "cycle.stackbert.growth": "scaled"},
     "stackbert_2stage": {"cycle.method": "stackbert", "cycle.stackbert.stages": 2, "cycle.stackbert.fracs": (0.4, 0.6)},
     "gstack_g2_30": {"cycle.method": "gstack", "cycle.gstack.factor": 2, "cycle.gstack.growth_frac": 0.3},
     "mslt": {"cycle.method": "mslt"},

@@ -28,7 +28,6 @@ import dataclasses
 from multilevel import operators as O
 from multilevel.cycles.plan import (Method, Plan, Stage, Transition, fresh_optimizer, optim_for, register_method,
                                     split_steps, stage_schedules)
-from multilevel.operators.mapping import DEPTH_GROWTH
 from multilevel.train.optim import LrSchedule, schedule_for
 from multilevel.typed_config import ConfigError, check_fields
 
@@ -72,8 +71,8 @@ class StackBertConfig:
     check_fields(self, "cycle.stackbert")
     if self.order not in O.DEPTH_MODES:
       raise ConfigError(f"cycle.stackbert.order must be one of {O.DEPTH_MODES}, got {self.order!r}.")
-    if self.growth not in DEPTH_GROWTH:
-      raise ConfigError(f"cycle.stackbert.growth must be one of {DEPTH_GROWTH}, got {self.growth!r}.")
+    if self.growth not in O.DEPTH_GROWTH:
+      raise ConfigError(f"cycle.stackbert.growth must be one of {O.DEPTH_GROWTH}, got {self.growth!r}.")
     if self.stages < 2:
       raise ConfigError(f"cycle.stackbert.stages must be >= 2, got {self.stages}.")
     if len(self.fracs) != self.stages or any(not f > 0 for f in self.fracs):
