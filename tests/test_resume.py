@@ -67,6 +67,16 @@ def test_a_different_config_is_refused(finished_run, tmp_path):
     train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12, "train.lr": 0.5}), work)
 
 
+def test_what_only_evaluates_may_change_on_resume(finished_run, tmp_path):
+  """How many held-out batches an evaluation reads, and how far the data is prefetched, do not change what is trained:
+  a resume with other values continues the run (they were refused before)."""
+  work = _copy(finished_run, tmp_path / "w")
+  ref = train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12}), str(finished_run))
+  again = train_and_evaluate(tiny_config("gpt", levels=1, **{"train.steps": 12, "data.max_eval_batches": 1,
+                                                             "data.prefetch": 0}), work)
+  assert again["params_sha256"] == ref["params_sha256"]
+
+
 def test_a_damaged_checkpoint_is_refused(finished_run, tmp_path):
   work = _copy(finished_run, tmp_path / "w")
   ckpts = os.path.join(work, "checkpoints")
@@ -133,3 +143,19 @@ def test_a_resume_compares_only_what_the_method_reads_and_what_the_run_recorded(
   old["train"].pop("eval_every", None)
   assert diff(old, cfg(train={"eval_every": 20})) == []
   assert diff(cfg(train={"eval_every": 2}), cfg(train={"eval_every": 4})) != []
+  # The evaluation's size likewise: compared where both sides recorded it (an adaptive run), not where one did not
+  # (a checkpoint of an older version recorded it for every run, as it did data.prefetch).
+  from multilevel.cycles.run_config import RunConfig, resolved_config
+  from multilevel.models import ModelConfig
+
+  def run_cfg(adaptive, **data):
+    d = resolved_config(RunConfig.from_config({"data": data}), ModelConfig(), adaptive=adaptive)
+    return {**d, "cycle": cfg()["cycle"]}
+
+  older = run_cfg(False)
+  older["data"].update(max_eval_batches=16, prefetch=2)
+  assert "max_eval_batches" not in run_cfg(False)["data"] and "prefetch" not in run_cfg(False)["data"]
+  assert diff(older, run_cfg(False, max_eval_batches=3, prefetch=0)) == []
+  assert diff(run_cfg(True, max_eval_batches=16), run_cfg(True, max_eval_batches=3)) == [
+      "data.max_eval_batches: saved 16 vs now 3"]
+  assert diff(run_cfg(True, max_eval_batches=16), run_cfg(True, max_eval_batches=16, prefetch=0)) == []

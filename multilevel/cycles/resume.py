@@ -67,9 +67,11 @@ def checkpoint(runner: Host, state: TrainState, held: dict) -> tuple[dict, dict]
 
 def compared(saved: dict, now: dict) -> tuple[dict, dict]:
   """The parts of a saved and a current config that must agree for a resume: not the options the run's method (or
-  its V-cycle's shape: ``cycles.config.unread_keys``) does not read, nor ``train.eval_every`` where the saved run did not
-  record it (runs made before adaptive stages recorded it)."""
+  its V-cycle's shape: ``cycles.config.unread_keys``) does not read, nor a setting that does not change what is
+  trained (``run_config.NOT_RECORDED``: how often and on how many batches a run evaluates, unless an adaptive stage
+  ends at an evaluation) where either side left it out (checkpoints of older versions recorded some of them)."""
   from multilevel.cycles.config import METHOD_OPTIONS, unread_keys
+  from multilevel.cycles.run_config import NOT_RECORDED, has_key, pop_key
   cycle = now.get("cycle", {})
   method = cycle.get("method", "vcycle")
   unread = {name for name in METHOD_OPTIONS if name != method}
@@ -78,8 +80,10 @@ def compared(saved: dict, now: dict) -> tuple[dict, dict]:
   for d in (saved, now):
     for key in unread:
       d.get("cycle", {}).pop(key, None)
-  if "eval_every" not in saved.get("train", {"eval_every": None}):
-    now.get("train", {}).pop("eval_every", None)
+  for key in NOT_RECORDED:
+    if not (has_key(saved, key) and has_key(now, key)):
+      pop_key(saved, key)
+      pop_key(now, key)
   return saved, now
 
 

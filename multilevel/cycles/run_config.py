@@ -23,10 +23,11 @@ from multilevel.train.objectives import ObjectiveConfig
 from multilevel.typed_config import ConfigError, as_mapping, coerce, section_from
 
 # Settings that do not change what is trained; a resumed run may change them freely.
-# A run resumes on a mesh of another shape (bit-exact on the same one); train.eval_every is recorded where an adaptive
-# stage's end is decided at evaluations (resolved_config).
+# A run resumes on a mesh of another shape (bit-exact on the same one); what and how often it evaluates is recorded
+# where an adaptive stage's end is decided at evaluations (RECORDED_IF_ADAPTIVE, resolved_config).
 NOT_RECORDED = ("progress", "tensorboard", "checkpoint", "train.log_every", "train.eval_every", "train.num_devices",
-                "train.mesh")
+                "train.mesh", "data.max_eval_batches", "data.prefetch")
+RECORDED_IF_ADAPTIVE = ("train.eval_every", "data.max_eval_batches")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,14 +142,28 @@ def resolved_config(run: RunConfig, model: ModelConfig, adaptive: bool = False) 
   d = config_json(run)
   d["model"] = json.loads(json.dumps(model.to_dict()))
   for key in NOT_RECORDED:
-    if adaptive and key == "train.eval_every":
-      continue
-    parts = key.split(".")
-    node = d
-    for p in parts[:-1]:
-      node = node.get(p, {})
-    node.pop(parts[-1], None)
+    if not (adaptive and key in RECORDED_IF_ADAPTIVE):
+      pop_key(d, key)
   return d
+
+
+def _parent(d: dict, key: str) -> tuple[dict, str]:
+  *path, last = key.split(".")
+  for p in path:
+    d = d.get(p, {})
+  return d, last
+
+
+def has_key(d: dict, key: str) -> bool:
+  """Whether the nested ``d`` holds the dotted ``key`` ('train.eval_every', or a whole section: 'checkpoint')."""
+  parent, last = _parent(d, key)
+  return last in parent
+
+
+def pop_key(d: dict, key: str) -> None:
+  """Removes the dotted ``key`` from the nested ``d`` where it is there."""
+  parent, last = _parent(d, key)
+  parent.pop(last, None)
 
 
 def default_resolved_config() -> dict:
