@@ -261,3 +261,34 @@ def test_init_from_a_checkpoint_with_llama3_rope_scaling_is_refused_by_a_plain_c
                                         r"rope_original_max_len 256 \(the config has 8192\).*"
                                         r"--config.model.rope_scaling=llama3"):
     initial_params(run, plan, mesh=None)
+
+
+def test_an_imported_llama_trains_at_a_shorter_max_len_and_keeps_its_context(tmp_path):
+  """RoPE has no position parameters: a checkpoint declaring 512 positions initialises a run at max_len 16 once the
+  config keeps the checkpoint's context (``context_len``, refused with the flag to paste otherwise), the logits are
+  the checkpoint's, and the exported model declares 512 again (it declared the run's 16 before)."""
+  from types import SimpleNamespace
+
+  from multilevel.cycles.transitions import initial_params
+  from multilevel.train import make_mesh
+  model = make(max_position_embeddings=512)
+  model.save_pretrained(tmp_path / "hf")
+  short = M.preset("llama-test", max_len=16).replace(
+      **{k: getattr(I.load_hf(model)[0], k) for k in ("rope_base", "num_kv_heads", "ffn_size", "vocab_size",
+                                                      "num_heads", "head_dim", "num_layers")})
+  run = SimpleNamespace(init_from=str(tmp_path / "hf"), train=SimpleNamespace(seed=0))
+  with pytest.raises(ValueError, match=r"context_len 512 \(the config has 16\)\. Run with "
+                                       r"--config.model.context_len=512\. The run trains at max_len=16"):
+    initial_params(run, SimpleNamespace(levels=[short]), mesh=None)
+  cfg = short.replace(context_len=512)
+  params = initial_params(run, SimpleNamespace(levels=[cfg]), mesh=make_mesh("", 1))
+  tokens = TOKENS[:, :8]
+  assert np.abs(np.asarray(M.apply(cfg, params, tokens)) - hf_logits(model, tokens)).max() < TOL
+  I.save_hf(cfg, jax.device_get(params), tmp_path / "out")
+  back, _ = I.load_hf(str(tmp_path / "out"))
+  assert transformers.AutoConfig.from_pretrained(tmp_path / "out").max_position_embeddings == 512
+  assert back.max_len == 512 and back.context_len == 0
+  with pytest.raises(ValueError, match="context_len must be >= 0"):
+    cfg.replace(context_len=-1)
+  with pytest.raises(ValueError, match="context_len=512 is a llama setting"):
+    M.ModelConfig("gpt", context_len=512)

@@ -58,10 +58,15 @@ def checkpoint_differs(imported: M.ModelConfig, target: M.ModelConfig) -> dict[s
   keys += (["vocab_size", "max_len"] + (["type_vocab_size"] if target.family == "bert" else [])) if fam.is_text else \
       ["image_size", "patch_size", "num_channels", "num_classes", "distill_token"]
   if target.family == "llama":
+    # RoPE has no position parameters: the run may train at another max_len, and the context the checkpoint
+    # declares (context_len, else max_len) is what must agree.
+    keys.remove("max_len")
     keys += ["tie_embeddings", "rope_base", "rope_scaling"] + (
         ["rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"]
         if imported.rope_scaling or target.rope_scaling else [])
   out = {k: (getattr(imported, k), getattr(target, k)) for k in keys if getattr(imported, k) != getattr(target, k)}
+  if target.family == "llama" and (imported.context_len or imported.max_len) != (target.context_len or target.max_len):
+    out["context_len"] = (imported.context_len or imported.max_len, target.context_len or target.max_len)
   # The derived ones, on the config as corrected so far (the FFN width follows the heads' width unless set).
   fixed = target.replace(**{k: a for k, (a, _) in out.items()})
   derived = (("ffn_size", "ffn_dim"), ("ln_eps", "eps")) + ((("num_kv_heads", "kv_heads"),)
@@ -95,9 +100,12 @@ def initial_params(run: RunConfig, plan: Plan, mesh, level: int = 0):
   if differ:  # Every setting at once, as flags to paste (a shape check alone names one parameter at a time).
     said = ", ".join(f"{k} {a!r} (the config has {b!r})" for k, (a, b) in differ.items())
     flags = " ".join(f"--config.model.{k}={a}" for k, (a, b) in differ.items())
+    context = (f" The run trains at max_len={target.max_len} tokens per row either way (RoPE has no position "
+               f"parameters); context_len keeps the checkpoint's context for export." if "context_len" in differ
+               else "")
     raise ValueError(f"The checkpoint {source} is a {imported.family} model with other settings than the model "
                      f"config: {said}. Run with {flags}" + (" (and data.tokenizer set to the checkpoint's tokenizer)"
-                                                          if "vocab_size" in differ else "") + ".")
+                                                          if "vocab_size" in differ else "") + "." + context)
   try:
     M.check_params(params, target, f"the checkpoint {source}")
   except ValueError as e:

@@ -56,6 +56,10 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0  # Short wavelengths (< rope_original_max_len / this) are kept.
   rope_original_max_len: int = 8192  # The context length the unscaled model was pretrained on.
+  # The context length the model declares (Hugging Face's max_position_embeddings); 0 = max_len. RoPE has no position
+  # parameters, so max_len is only the length a run trains at: an imported LLaMA may train at a shorter one and keep
+  # its checkpoint's context here for export.
+  context_len: int = 0
   tie_embeddings: bool = False  # The LM head is the transposed token embedding.
   # Init of each residual branch's output projection (attention out, FFN down): 'auto' = the family's own (GPT-2's
   # 'scaled' for GPT, 'plain' for BERT, DeiT and LLaMA, as Hugging Face's LLaMA), 'scaled' = std 0.02 / sqrt(2 L),

@@ -213,6 +213,9 @@ def _validate(cfg: ModelConfig) -> None:
                      f"serves an equal group of query heads (0 means num_heads, plain multi-head attention).")
   if not cfg.rope_base > 1.0:
     raise ValueError(f"rope_base must be > 1 (LLaMA uses 10000, Llama 3 500000), got {cfg.rope_base}.")
+  if cfg.context_len < 0:
+    raise ValueError(f"context_len must be >= 0 (the context the model declares; 0 = max_len), got "
+                     f"{cfg.context_len}.")
   _validate_rope_scaling(cfg)
 
 
@@ -257,5 +260,5 @@ LLAMA = register(Family(
     "llama", Llama, LLAMA_AXES, modality="text", objective="clm", pre_ln=True,
     tied_embedding=lambda cfg: cfg.tie_embeddings, ln_eps=1e-5, positions=positions,
     head_flops=lambda cfg, objective: lm_head_flops(cfg), block_flops=_block_flops, embedding_params=("embed",),
-    own_fields=("num_kv_heads", "rope_base", "rope_scaling", *_LLAMA3_FIELDS, "tie_embeddings"),
+    own_fields=("num_kv_heads", "rope_base", "rope_scaling", *_LLAMA3_FIELDS, "tie_embeddings", "context_len"),
     validate=_validate, causal=True, blocks=LlamaBlocks, output_embedding=_output_embedding))
