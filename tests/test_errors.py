@@ -13,7 +13,8 @@ import pytest
 
 from multilevel.checkpoint import CheckpointError
 from multilevel.cycles import build_plan
-from multilevel.cycles.driver import Runner, check_batch, train_and_evaluate
+from multilevel.cycles.driver import Runner, train_and_evaluate
+from multilevel.cycles.preflight import check_batch
 from multilevel.train.config import TrainConfig
 from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError

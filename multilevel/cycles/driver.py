@@ -11,14 +11,13 @@ depend only on the seed, the global step and the saved iterator position.
 The method (``multilevel.cycles.METHODS``) supplies the plan and the transitions; the driver owns the loop, the
 timing, the evaluations and the logs. How a stage's parameters arrive (the first stage's init, the transition into
 each later one) is in ``transitions.py``; where a run starts (a fresh start or the latest checkpoint) and what a
-checkpoint holds, in ``resume.py``.
+checkpoint holds, in ``resume.py``; what a finished run records, in ``summary.py``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 
 import jax
@@ -30,17 +29,18 @@ from multilevel import models as M
 from multilevel.checkpoint import Checkpointer, CheckpointError, after_divergence, quiet_orbax_logs
 from multilevel.cycles.plan import Plan, Stage, method_of
 from multilevel.cycles.position import RunPosition
+from multilevel.cycles.preflight import check_batch, check_dtype, default_devices
 from multilevel.cycles.resume import checkpoint, fresh, replan, restore
 from multilevel.cycles.run_config import (RunConfig, config_json, data_config, model_config, objective_config,
                                           resolved_config)
+from multilevel.cycles.summary import keep_tokenizer, run_summary
 from multilevel.cycles.transitions import check_init_from, transition
 from multilevel.distributed import check_same_config
-from multilevel.metrics import MetricsWriter, params_digest, write_json_atomic
+from multilevel.metrics import MetricsWriter, write_json_atomic
 from multilevel.operators.finite import first_nonfinite
 from multilevel.train import (Evaluator, StepConfig, TrainState, build_steps, eval_step, make_mesh, put_batch,
                               tokens_per_example)
 from multilevel.train.views import FULL
-from multilevel.typed_config import ConfigError
 from multilevel.workdir import WorkdirLock, WorkdirLockedError
 
 # What a user's config, data, checkpoint or machine can cause: the command line reports these in one line.
@@ -61,36 +61,6 @@ def _fault(point: str) -> None:
   if fault == f"{point}:sigint":
     import signal
     os.kill(os.getpid(), signal.SIGINT)
-
-
-def check_dtype(model) -> None:
-  """Refuses a compute dtype the backend cannot multiply in: XLA's CPU backend has no float16 dot (it fails at the
-  first compilation, after the run has written its first checkpoint)."""
-  if jax.default_backend() == "cpu" and jnp.dtype(model.dtype) == jnp.float16:
-    raise ConfigError(f"model.dtype={model.dtype}: XLA's CPU backend has no float16 matrix multiply. On a CPU use "
-                      f"float32 or bfloat16 (float16 runs on GPUs).")
-
-
-def check_batch(train, mesh) -> None:
-  """The global batch must split evenly over processes, devices and gradient-accumulation microbatches."""
-  devices, procs = mesh.devices.size, jax.process_count()
-  micro = train.batch_size // train.grad_accum
-  if train.batch_size % procs or micro % devices:
-    raise ConfigError(
-        f"train.batch_size={train.batch_size} with train.grad_accum={train.grad_accum} gives microbatches of "
-        f"{micro} rows, which do not split over the {devices} devices ({procs} process{'es' if procs > 1 else ''}) "
-        f"of the mesh; choose a batch size that is a multiple of grad_accum x {devices} (e.g. "
-        f"{train.grad_accum * devices * max(1, micro // devices)}), or "
-        + ("a train.mesh over fewer devices." if train.mesh else "set train.num_devices."))
-
-
-def _default_devices(mesh: str) -> int | None:
-  """Devices of a run whose train.num_devices is 0: as many as the mesh names, else all of them, except one in a
-  single CPU process (fake CPU devices only slow a run down, and their all-reduce can deadlock)."""
-  if mesh:
-    sizes = [part.partition(":")[2].strip() for part in mesh.split(",")]
-    return int(np.prod([int(x) for x in sizes if x.isdigit()] or [1]))
-  return 1 if jax.default_backend() == "cpu" and jax.process_count() == 1 else None
 
 
 class Runner:
@@ -117,7 +87,7 @@ class Runner:
     probe = model_config(run, None)
     probe_plan = self.method.build_plan(probe, run.cycle, tc)
     check_init_from(run, probe_plan, probe_plan.stages[0].level)
-    self.mesh = make_mesh(tc.mesh, tc.num_devices or _default_devices(tc.mesh))
+    self.mesh = make_mesh(tc.mesh, tc.num_devices or default_devices(tc.mesh))
     check_batch(tc, self.mesh)
     check_dtype(probe)
     from multilevel.data import DataConfig, check_sources
@@ -362,47 +332,8 @@ class Runner:
     step, ev = self.last_eval or (None, None)
     if step != pos.global_step:  # Not evaluated at the end of training in this process (e.g. a finished run).
       ev = self.evaluate(self.eval_fn(last.level, last.view), state.params)
-    per_stage = []
-    for st, rec in zip(self.plan.stages, pos.per_stage):
-      c = self.plan.levels[st.level]
-      per_stage.append(dict(vars(rec), kind=st.kind, level=st.level, model=f"L{c.num_layers}/d{c.width}/h{c.num_heads}/f{c.ffn_dim}",
-                            params=M.num_params(M.abstract_params(c))))
-    summary = {
-        "final_eval_loss": ev["eval_loss"],
-        "final_eval_accuracy": ev["eval_accuracy"] if M.family_of(self.model).reports_accuracy else None,
-        "total_flops": pos.flops,
-        "train_seconds": pos.train_seconds,
-        "compile_seconds": pos.compile_seconds,
-        "transition_seconds": pos.transition_seconds,  # Operators at level changes (not compiles).
-        "steps": pos.global_step,
-        "examples": pos.examples,
-        "epochs": pos.examples / max(self.info.num_train_examples, 1),  # Passes over the training split.
-        "levels": len(self.plan.levels),
-        "method": self.plan.method,
-        "per_stage": per_stage,
-        "cuts": pos.cuts,  # Adaptive stages that ended early: [stage, steps, extra target steps].
-        "params_sha256": params_digest(state.params),
-        "data": self.info.description,
-        "num_train_examples": self.info.num_train_examples,
-        # What each evaluation reads: data.max_eval_batches batches of the validation split, not all of it.
-        "eval_examples": len(self.eval_batches) * self.eval_batches.global_batch,
-        "num_eval_examples": self.info.num_eval_examples,
-        "model": self.model.to_dict(),
-    }
-    # What travels with the weights (experiments.export writes it beside them): an image folder's class names, the
-    # images' normalisation, the tokenizer and its special ids.
-    if self.info.class_names:
-      summary["class_names"] = list(self.info.class_names)
-    if self.info.image_mean:
-      summary["image_normalization"] = {"mean": list(self.info.image_mean), "std": list(self.info.image_std),
-                                        "resize": self.data.resize}  # (False: smaller images were zero-padded.)
-    if self.info.tokenizer_path:
-      kept = os.path.join(self.workdir, "tokenizer.json")  # The run's own copy: a cache can be cleared.
-      if self.is_main and os.path.isfile(self.info.tokenizer_path):
-        shutil.copyfile(self.info.tokenizer_path, kept + ".tmp")
-        os.replace(kept + ".tmp", kept)
-      summary["tokenizer"] = {"path": kept, "eos_id": self.info.eos_id, "pad_id": self.info.pad_id,
-                              "mask_id": self.info.mask_id}
+    summary = run_summary(self.plan, pos, self.model, self.info, self.data, ev, state.params, self.eval_batches)
+    summary.update(keep_tokenizer(self.info, self.workdir, self.is_main))
     if self.is_main:
       write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
     self.state = state  # The final state, for a caller that inspects it (e.g. its shardings).
