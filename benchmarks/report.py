@@ -89,12 +89,34 @@ def methods_table(d: dict) -> str:
   return "\n".join(rows)
 
 
+def run_curves(d: dict, workroot=None) -> dict:
+  """``{(run, budget steps): [(FLOPs, seconds, eval loss), ...]}``: the target model's evaluations of scratch and of
+  each variant at each budget, read from the run's workdir under ``workroot`` (one folder or several) where it is
+  there, else from the curves the results file keeps (a scratch run reused from another file with --scratch_from,
+  or a workroot wiped since), so that both curve panels show every run."""
+  from multilevel.metrics import read_metrics
+  roots = [workroot] if isinstance(workroot, str) else list(workroot or [])
+  out = {}
+  for b in d["budgets"]:
+    for name in ["scratch"] + list(b["variants"]):
+      found = [os.path.join(r, f"{d['family']}-{b['steps']}-{name}") for r in roots]
+      found = [w for w in found if os.path.exists(os.path.join(w, "metrics.jsonl"))]
+      if found:
+        pts = [tuple(p) for p in saving.curve(read_metrics(found[0]))]
+      elif name == "scratch":
+        pts = [tuple(p) for p in b.get("scratch_curve") or []]
+      else:  # compare()'s rows: FLOPs, seconds, eval loss, level; the target model's are level 0.
+        pts = [(f, s, l) for f, s, l, level in b["variants"][name].get("curve") or [] if level == 0]
+      if pts:
+        out[(name, b["steps"])] = pts
+  return out
+
+
 def plot(d, path, workroot):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from multilevel.metrics import read_metrics
   fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
   variants = sorted({n for b in d["budgets"] for n in b["variants"]})
   for name in variants:
@@ -107,22 +129,11 @@ def plot(d, path, workroot):
   ax[0].set_xlabel("budget (tokens per parameter)")
   ax[0].set_ylabel("FLOPs saved vs scratch frontier")
   ax[0].legend()
-  roots = [workroot] if isinstance(workroot, str) else list(workroot or [])
-  if roots:
-    fam = d["family"]
-    for b in d["budgets"]:
-      for name in ["scratch"] + list(b["variants"]):
-        found = [os.path.join(r, f"{fam}-{b['steps']}-{name}") for r in roots]
-        found = [w for w in found if os.path.exists(os.path.join(w, "metrics.jsonl"))]
-        if not found:
-          continue
-        w = found[0]
-        pts = saving.curve(read_metrics(w))
-        if pts:
-          f, s, l = zip(*pts)
-          style = "-" if name == "scratch" else "--"
-          ax[1].plot(f, l, style, label=f"{name} T={b['steps']}")
-          ax[2].plot(s, l, style, label=f"{name} T={b['steps']}")
+  for (name, steps), pts in run_curves(d, workroot).items():
+    f, s, l = zip(*pts)
+    style = "-" if name == "scratch" else "--"
+    ax[1].plot(f, l, style, label=f"{name} T={steps}")
+    ax[2].plot(s, l, style, label=f"{name} T={steps}")
   _plot_frontier(ax[1], d)
   for a, lab in ((ax[1], "training FLOPs"), (ax[2], "training seconds")):
     a.set_xlabel(lab)

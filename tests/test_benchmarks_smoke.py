@@ -396,3 +396,18 @@ def test_loss_head_times_the_engines_loss_against_plain_autodiff_on_the_same_num
   for bad in ("2x8x4", "2x8x4x0", "2x8xfourx16"):
     with pytest.raises(app.UsageError, match="four positive integers"):
       loss_head.measure(bad, a)
+
+
+def test_the_curve_panels_read_runs_without_workdirs_from_the_results_file(tmp_path):
+  """A scratch run reused with --scratch_from (or a wiped workroot) has no workdir: its curve comes from the results
+  file (it left the FLOPs and seconds panels empty before); a workdir that is there is read instead, and a variant's
+  stored curve keeps the target model's (level 0) evaluations only."""
+  from benchmarks.report import run_curves
+  d = {"family": "gpt", "budgets": [{"steps": 200, "scratch_curve": [[1e8, 1.0, 6.0], [2e8, 2.0, 5.5]],
+                                     "variants": {"x": {"curve": [[5e7, 0.4, 6.5, 1], [1.5e8, 1.3, 5.4, 0]]}}}]}
+  assert run_curves(d) == {("scratch", 200): [(1e8, 1.0, 6.0), (2e8, 2.0, 5.5)], ("x", 200): [(1.5e8, 1.3, 5.4)]}
+  work = tmp_path / "gpt-200-scratch"
+  work.mkdir()
+  (work / "metrics.jsonl").write_text(json.dumps({"step": 1, "level": 0, "flops": 3e8, "train_seconds": 3.0,
+                                                  "eval_loss": 5.1}) + "\n")
+  assert run_curves(d, [str(tmp_path)])[("scratch", 200)] == [(3e8, 3.0, 5.1)]
