@@ -411,3 +411,16 @@ def test_the_curve_panels_read_runs_without_workdirs_from_the_results_file(tmp_p
   (work / "metrics.jsonl").write_text(json.dumps({"step": 1, "level": 0, "flops": 3e8, "train_seconds": 3.0,
                                                   "eval_loss": 5.1}) + "\n")
   assert run_curves(d, [str(tmp_path)])[("scratch", 200)] == [(3e8, 3.0, 5.1)]
+
+
+def test_the_gpu_lease_script_parses_and_names_only_known_variants():
+  """benchmarks/gpu_long_budget.sh runs once per lease: a syntax error or a renamed variant would waste it."""
+  import re
+
+  from benchmarks.variants import VARIANTS
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_long_budget.sh")
+  assert subprocess.run(["bash", "-n", path]).returncode == 0
+  bad = subprocess.run(["bash", path, "bogus"], capture_output=True, text=True)
+  assert bad.returncode == 2 and "prepare or run" in bad.stderr
+  named = {v for group in re.findall(r"--variants=([\w,]*)", open(path).read()) for v in group.split(",") if v}
+  assert named and named <= set(VARIANTS), named - set(VARIANTS)
