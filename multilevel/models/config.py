@@ -58,7 +58,8 @@ class ModelConfig:
   rope_original_max_len: int = 8192  # The context length the unscaled model was pretrained on.
   # The context length the model declares (Hugging Face's max_position_embeddings); 0 = max_len. RoPE has no position
   # parameters, so max_len is only the length a run trains at: an imported LLaMA may train at a shorter one and keep
-  # its checkpoint's context here for export.
+  # its checkpoint's context here for export (to run it on longer rows, ``cfg.replace(max_len=...)``: no parameter
+  # changes).
   context_len: int = 0
   tie_embeddings: bool = False  # The LM head is the transposed token embedding.
   # Init of each residual branch's output projection (attention out, FFN down): 'auto' = the family's own (GPT-2's
