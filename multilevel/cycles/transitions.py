@@ -57,16 +57,16 @@ def checkpoint_differs(imported: M.ModelConfig, target: M.ModelConfig) -> dict[s
   keys = ["num_layers", "num_heads", "head_dim"]
   keys += (["vocab_size", "max_len"] + (["type_vocab_size"] if target.family == "bert" else [])) if fam.is_text else \
       ["image_size", "patch_size", "num_channels", "num_classes", "distill_token"]
-  if target.family == "llama":
-    # RoPE has no position parameters: the run may train at another max_len, and the context the checkpoint
-    # declares (context_len, else max_len) is what must agree.
+  rotary = "context_len" in fam.own_fields
+  if rotary:  # No position parameters: the run may train at another max_len; the declared contexts must agree.
     keys.remove("max_len")
+  if target.family == "llama":
     keys += ["tie_embeddings", "rope_base", "rope_scaling"] + (
         ["rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"]
         if imported.rope_scaling or target.rope_scaling else [])
   out = {k: (getattr(imported, k), getattr(target, k)) for k in keys if getattr(imported, k) != getattr(target, k)}
-  if target.family == "llama" and (imported.context_len or imported.max_len) != (target.context_len or target.max_len):
-    out["context_len"] = (imported.context_len or imported.max_len, target.context_len or target.max_len)
+  if rotary and imported.context != target.context:
+    out["context_len"] = (imported.context, target.context)
   # The derived ones, on the config as corrected so far (the FFN width follows the heads' width unless set).
   fixed = target.replace(**{k: a for k, (a, _) in out.items()})
   derived = (("ffn_size", "ffn_dim"), ("ln_eps", "eps")) + ((("num_kv_heads", "kv_heads"),)

@@ -107,7 +107,7 @@ def _hf_config(cfg: ModelConfig) -> dict:
       "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
       "hidden_size": cfg.width, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
       "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-      "hidden_act": "silu", "max_position_embeddings": cfg.context_len or cfg.max_len, "rms_norm_eps": cfg.eps,
+      "hidden_act": "silu", "max_position_embeddings": cfg.context, "rms_norm_eps": cfg.eps,
       "rope_theta": cfg.rope_base, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
       "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
       "attention_dropout": 0.0, "initializer_range": 0.02, "bos_token_id": None, "eos_token_id": None,

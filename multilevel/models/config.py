@@ -151,6 +151,11 @@ class ModelConfig:
     return _family(self.family).ln_eps
 
   @property
+  def context(self) -> int:
+    """The context length the model declares: ``context_len``, else ``max_len``."""
+    return self.context_len or self.max_len
+
+  @property
   def num_patches(self) -> int:
     return (self.image_size // self.patch_size) ** 2
 
