@@ -208,9 +208,10 @@ def plan_variant(paths: list[str], steps: int, plan_set: dict) -> tuple[dict, di
   for path in paths:
     with open(path) as f:
       p = json.load(f)["plan"]
-    if p["overrides"].get("train.steps") == steps:
+    # A stacking plan's run has its own train.steps (its stages' sum); the budget it was planned for is its own key.
+    if p.get("budget", p["overrides"].get("train.steps")) == steps:
       planned["planned"] = {**{k: tuple(v) if isinstance(v, list) else v for k, v in p["overrides"].items()
-                               if k != "train.steps"}, **plan_set}
+                               if k != "train.steps" or v != steps}, **plan_set}
       predicted = {"plan_file": path, "predicted_saving": p["predicted_saving"], "method": p["method"]}
       if plan_set:
         predicted["plan_set"] = {k: str(v) for k, v in plan_set.items()}

@@ -1,4 +1,5 @@
-"""Plans a V-cycle for a config and a budget from pilot runs, and writes a config file the driver runs as it is.
+"""Plans a V-cycle or a stacking schedule for a config and a budget from pilot runs, and writes a config file the
+driver runs as it is.
 
   python -m experiments.plan --config=experiments/configs/gpt.py:tiny --steps=1400 --workdir=runs/plan-gpt
   python -m experiments.train --config=runs/plan-gpt/plan_config.py --workdir=runs/gpt-planned
@@ -16,6 +17,12 @@ Under ``train.decay='wsd'`` (one warm-up-stable-decay schedule across the levels
 their peak rate, not decayed, and a grown model may learn slower than its scratch run: the plan is then priced on the
 pilots' stable curves (their evals before the cool-down) with the growth rates of --growth_rates or
 --growth_rates_from (``multilevel.cycles.growth``); --pricing=bound keeps the lossless bound on decayed frontiers.
+
+Under WSD pricing it also prices stacking (--methods; ``multilevel.cycles.stack_planner``): StackBERT's depth
+doublings with halved copies, from pilots of the target at half, a quarter, ... of its depth at train.lr
+(``experiments/plan_stacking.py``), each doubling priced from the loss before it with the rate and delay of
+--stack_rates / --stack_delays (``benchmarks/stack_rates.py`` measures them) or --stack_rates_from. The plan is
+whichever schedule is predicted to save most; plan.json keeps the other as ``alternatives``.
 
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
 """
@@ -76,6 +83,28 @@ _ONLINE_STOP = flags.DEFINE_bool("online_stop", False, "Let the planned run end 
 _MARGINS = flags.DEFINE_list("margins", ["0.02", "0.75"], "LANDING,SLOWER: under WSD pricing the plan is also priced "
                              "with the target landing LANDING nats higher and learning at SLOWER times the priced "
                              "rate (the errors its runs have shown), and says how much of the saving survives.")
+METHODS = ("vcycle", "stackbert")
+_METHODS = flags.DEFINE_list("methods", [], "Schedules to price; the plan is the one predicted to save most. "
+                             "'vcycle': the candidates above; 'stackbert': depth doublings (StackBERT with halved "
+                             "copies, multilevel/cycles/stack_planner.py), priced under WSD only, from pilots of the "
+                             "target at half, a quarter, ... of its depth at train.lr (--stack_doublings). Default: "
+                             "both under WSD pricing (stackbert not when --small_from replaces the V-cycle's pilots "
+                             "and --stack_from does not replace stacking's), else vcycle.")
+_STACK_DOUBLINGS = flags.DEFINE_integer("stack_doublings", 2, "Most depth doublings of a stacking plan (2: the "
+                                        "target's depth / 4, then / 2, then the target).")
+_STACK_RATES = flags.DEFINE_list("stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
+                                 "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
+                                 "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
+                                 "about 1.0,0.84 (benchmarks/SAVINGS.md).")
+_STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked model first spends recovering from "
+                                  "its doubling before it learns at its rate, one per doubling (default 0 each).")
+_STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
+                                       "target, as a share of --steps (its cool-down is always inside them).")
+_STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Instead of --stack_rates and --stack_delays: workdirs "
+                                      "of earlier cycle.method=stackbert runs of this config; each doubling's rate "
+                                      "and delay are fitted on the pilots' stable curves (their mean over the runs).")
+_STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
+                                "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
@@ -83,17 +112,10 @@ flags.mark_flags_as_required(["config", "steps", "workdir"])
 
 
 def load_config(spec: str):
-  """The ConfigDict of ``path[:arg]`` (the file's ``get_config(arg)``), unlocked."""
-  import importlib.util
-  path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise app.UsageError(f"--config={spec}: no config file at {path}.")
-  module_spec = importlib.util.spec_from_file_location("_multilevel_plan_source", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  c = module.get_config(arg) if arg else module.get_config()
-  c.unlock()
-  return c
+  """``experiments.configs.common.load_config``, whose home is the flag-free config module (tests and tools that
+  load a written plan import it from there, not this command, whose flags would clash with another's)."""
+  from experiments.configs.common import load_config as load
+  return load(spec)
 
 
 def configured(spec: str, sets: dict, overrides: dict):
@@ -126,6 +148,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax
 
+  from experiments import plan_stacking, plan_vcycle
   from experiments.configs.common import key_values
   from multilevel.cycles import planner
   if _COMPILE_CACHE.value:
@@ -135,6 +158,13 @@ def main(argv):
     raise app.UsageError(f"--steps must be a positive number of train steps (the budget), got {steps}.")
   sets = key_values(_SET.value)
   margins = _margins(_MARGINS.value)  # Refused before any pilot trains.
+  methods = _METHODS.value
+  if any(m not in METHODS for m in methods):
+    raise app.UsageError(f"--methods={','.join(methods)}: choose one or more of {list(METHODS)}.")
+  if not 0 < _STACK_MIN_TARGET.value < 1:
+    raise app.UsageError(f"--stack_min_target_frac is a share of the steps in (0, 1), got {_STACK_MIN_TARGET.value}.")
+  if _STACK_DOUBLINGS.value < 1:
+    raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -160,8 +190,9 @@ def main(argv):
     raise app.UsageError(f"--max_levels must be 2 or 3, got {_MAX_LEVELS.value}.")
   if not _JUMP_FROM.value and not _JUMP.value >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {_JUMP.value}.")
-  for flag, files in (("target_from", _TARGET_FROM.value), ("small_from", _SMALL_FROM.value)):
-    missing = [f for f in files if not os.path.isfile(f)]
+  for flag, files in (("target_from", _TARGET_FROM.value), ("small_from", _SMALL_FROM.value),
+                      ("stack_from", _STACK_FROM.value)):
+    missing = [p for f in files for p in f.split("+") if not os.path.isfile(p)]  # 'a.json+b.json' pools files.
     if missing:
       raise app.UsageError(f"--{flag}: no file {', '.join(missing)}.")
   if not _TARGET_FROM.value and len(target_pilots) < 2:
@@ -177,6 +208,17 @@ def main(argv):
   if wsd and base.train.decay != "wsd":
     raise app.UsageError(f"--pricing=wsd prices a run under one WSD schedule; this config has train.decay="
                          f"{base.train.decay!r}. Set train.decay=wsd or use --pricing=bound.")
+  if "stackbert" in methods and not wsd:
+    raise app.UsageError("--methods=stackbert is priced under one WSD schedule only (train.decay=wsd); drop it or "
+                         "plan a WSD run.")
+  if not methods:
+    methods = ["vcycle", "stackbert"] if wsd and (_STACK_FROM.value or not _SMALL_FROM.value) else ["vcycle"]
+  if _STACK_FROM.value and "stackbert" not in methods:
+    raise app.UsageError("--stack_from gives stacking's pilots; add stackbert to --methods.")
+  stack_rates = plan_stacking.float_list(_STACK_RATES.value, "--stack_rates")
+  stack_delays = plan_stacking.float_list(_STACK_DELAYS.value, "--stack_delays", zero=True)
+  if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
+    raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
 
   import shlex
   record = {"command": shlex.join(["python", "-m", "experiments.plan"] + sys.argv[1:]), "config": spec, "set": sets,
@@ -214,7 +256,7 @@ def main(argv):
   except (KeyError, TypeError) as e:
     raise app.UsageError(f"--small_from: {', '.join(_SMALL_FROM.value)} is not a benchmarks.bound level-run file "
                          f"(no {e})") from None
-  for name in ([] if _SMALL_FROM.value else _CANDIDATES.value):
+  for name in ([] if _SMALL_FROM.value or "vcycle" not in methods else _CANDIDATES.value):
     cycle = CANDIDATES[name]
     try:
       model = small_model(spec, sets, cycle)
@@ -231,18 +273,39 @@ def main(argv):
                                                     model, wsd))
     except ValueError as e:
       raise app.UsageError(f"candidate {name}: {e}") from None
-  jump = measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
+  jump = plan_vcycle.measured_jump(_JUMP_FROM.value, record) if _JUMP_FROM.value else _JUMP.value
   if not jump >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {jump}.")
   from multilevel.cycles.run_config import model_config
   target_model = model_config(base, None)
   shape = (target_model.num_layers, target_model.num_heads) if _MAX_LEVELS.value == 3 else None
-  settings = wsd_settings(base, target_curve, record) if wsd else None
-  try:
-    plan = planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape,
-                               wsd=settings, margins=margins)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
+  settings = (plan_vcycle.wsd_settings(base, target_curve, record, _TARGET_FROM.value, _RATES.value,
+                                       _RATES_FROM.value) if wsd else None)
+  plans = []
+  if "vcycle" in methods:
+    try:
+      plans.append(planner.plan_vcycle(target, target_step, steps, candidates, target_cost, jump=jump, shape=shape,
+                                       wsd=settings, margins=margins))
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+  if "stackbert" in methods:
+    levels = plan_stacking.stack_levels(_STACK_FROM.value, _STACK_DOUBLINGS.value, base, target_model.num_layers,
+                                        small_pilots, seeds, run, record)
+    if levels:
+      plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
+                                            stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value, margins,
+                                            record, base))
+  if not plans:
+    raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
+                         f"stacking, and --methods={','.join(methods)} prices nothing else.")
+  plan = max(plans, key=lambda p: p["predicted_saving"])  # The first of equal savings (the V-cycle's) wins.
+  if len(plans) > 1:
+    plan = {**plan, "alternatives": [{k: p[k] for k in ("method", "predicted_saving", "overrides")}
+                                     for p in plans if p is not plan]}
+  plan = {**plan, "budget": steps}
+  if _ONLINE_STOP.value and plan["overrides"].get("cycle.method") != "vcycle":
+    raise app.UsageError(f"--online_stop ends a V-cycle's small stage, and the plan is {plan['method']}; run it "
+                         f"without --online_stop (or with --methods=vcycle).")
   if _ONLINE_STOP.value:
     from multilevel.cycles.switch import online_stop
     points = settings.target.points if settings is not None else target.points
@@ -281,74 +344,6 @@ def _margins(values: list) -> tuple[float, float]:
   return landing, slower
 
 
-def wsd_settings(base, target_curve, record: dict):
-  """The ``planner.Wsd`` of this config: the target's stable curve (its longest pilot's, or the longest scratch run
-  of --target_from) and the growth rates (--growth_rates, then --growth_rates_from), kept in ``record``."""
-  from multilevel.cycles import growth, planner
-  from multilevel.metrics import read_metrics
-  cool = float(base.train.cooldown_frac)
-  try:
-    if target_curve is None:
-      stable = planner.target_stable_from_saving(_TARGET_FROM.value, cool)
-    else:
-      stable = growth.stable_curve("target (stable)", target_curve)
-  except (ValueError, OSError) as e:
-    raise app.UsageError(f"the target's stable curve: {e}") from None
-  rates = {}
-  for kind, value in _pairs(_RATES.value, "--growth_rates"):
-    try:
-      rates[kind] = float(value)
-    except ValueError:
-      raise app.UsageError(f"--growth_rates: {kind}={value} is not a number.") from None
-  for kind, workdirs in _pairs(_RATES_FROM.value, "--growth_rates_from"):
-    measured = []
-    for w in workdirs.split("+"):
-      if not os.path.exists(os.path.join(w, "metrics.jsonl")):
-        raise app.UsageError(f"--growth_rates_from={kind}={w}: no metrics.jsonl there (a run's workdir is expected).")
-      r = growth.rate_from_records(read_metrics(w), stable)
-      if r is None:
-        raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak "
-                             f"rate on the target's stable curve; is it a V-cycle run of this config?")
-      measured.append(dict(r, workdir=w))
-    rates[kind] = sum(r["rate"] for r in measured) / len(measured)  # The runs' mean (seeds, or plan and V-cycle).
-    record.setdefault("growth_rates_measured", {})[kind] = {"rate": rates[kind], "runs": measured}
-  try:
-    settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac),
-                           float(base.train.warmup_frac))
-  except ValueError as e:
-    raise app.UsageError(f"--growth_rates: {e}") from None
-  record["wsd"] = {"target_stable": stable.points, "cooldown_frac": cool, "growth_rates": rates}
-  return settings
-
-
-def _pairs(items: list[str], flag: str) -> list[tuple[str, str]]:
-  from multilevel.cycles.planner import GROWTHS
-  out = []
-  for kv in items:
-    kind, eq, value = kv.partition("=")
-    if not eq or kind not in GROWTHS:
-      raise app.UsageError(f"{flag} takes GROWTH=VALUE with GROWTH one of {list(GROWTHS)}, got {kv!r}.")
-    out.append((kind, value))
-  return out
-
-
-def measured_jump(workdirs: list[str], record: dict) -> float:
-  """The mean loss jump at the growths of earlier runs (``planner.handover_jumps``; at least 0), kept in
-  ``record``."""
-  from multilevel.cycles import planner
-  from multilevel.metrics import read_metrics
-  jumps = []
-  for w in workdirs:
-    if not os.path.exists(os.path.join(w, "metrics.jsonl")):
-      raise app.UsageError(f"--handover_jump_from={w}: no metrics.jsonl there (a run's workdir is expected).")
-    found = planner.handover_jumps(read_metrics(w))
-    if not found:
-      raise app.UsageError(f"--handover_jump_from={w}: the run has no growth with an eval on both sides of it.")
-    jumps += [dict(j, workdir=w) for j in found]
-  record["handover_jumps"] = jumps
-  return max(0.0, planner.mean_jump(jumps))
-
-
 def config_file(spec: str, sets: dict, plan: dict, command: str = "", plan_json: str = "") -> str:
   """A config file: the source config, the --set overrides, then the plan's; its docstring says where it came from
   (the command, the date, plan.json) and what it predicts."""
@@ -359,7 +354,8 @@ def config_file(spec: str, sets: dict, plan: dict, command: str = "", plan_json:
       f"The plan with every candidate and pilot: {plan_json}" if plan_json else "",
       f"It reads its source config, {os.path.abspath(path)}, when it runs: an edit there changes this plan too.") if line)
   return (f'"""Written by experiments.plan: {plan["method"]}, predicted saving '
-          f'{100 * plan["predicted_saving"]:+.1f}% vs scratch at train.steps={plan["overrides"]["train.steps"]}.\n'
+          f'{100 * plan["predicted_saving"]:+.1f}% vs scratch at '
+          f'train.steps={plan.get("budget", plan["overrides"]["train.steps"])}.\n'
           f'{made}\n"""\n\n'
           "import importlib.util\n\n"
           "from experiments.configs.common import override\n\n"

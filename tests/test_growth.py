@@ -177,7 +177,7 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   # --online_stop: the small stage ends by the online rule against the target's stable curve, in the config it writes.
   assert p["overrides"]["cycle.small_stop"] == "frontier"
   assert p["overrides"]["cycle.target_frontier"] == d["wsd"]["target_stable"] and "online stop rule" in r.stdout
-  from experiments.plan import load_config
+  from experiments.configs.common import load_config
   from multilevel.cycles import build_plan
   from multilevel.cycles.run_config import model_config
   from multilevel.cycles.switch import FrontierSwitch

@@ -89,6 +89,14 @@ def test_a_plan_runs_as_its_budgets_variant_and_plan_set_changes_it_on_record(tm
   planned, predicted = plan_variant([path], 400, {"cycle.lr_scales": "(1,1)"})
   assert predicted == {"plan_file": path, "predicted_saving": 0.2, "method": "vcycle from L1",
                        "plan_set": {"cycle.lr_scales": "(1,1)"}}
+  # A stacking plan's run has its own train.steps (its stages' sum): matched on the budget it was made for, kept.
+  stack = str(tmp_path / "stack.json")
+  with open(stack, "w") as f:
+    json.dump({"plan": {"budget": 1400, "overrides": {"train.steps": 1427, "cycle.method": "stackbert"},
+                        "predicted_saving": 0.25, "method": "stackbert from 1-layer, 3 stages"}}, f)
+  assert plan_variant([stack], 1427, {}) == ({}, None)
+  assert plan_variant([stack], 1400, {})[0] == {"planned": {"train.steps": 1427, "cycle.method": "stackbert"}}
+  assert make_config("gpt", 1400, plan_variant([stack], 1400, {})[0]["planned"], {}, 4).train.steps == 1427
   # The change wins over the plan and over --set, as the run's config shows.
   c = make_config("gpt", 400, planned["planned"], {"cycle.lr_scales": "(2,2)"}, 4)
   assert tuple(c.cycle.lr_scales) == (1.0, 1.0) and c.cycle.levels == 2

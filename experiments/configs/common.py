@@ -56,6 +56,24 @@ def key_values(items: list[str], flag: str = "--set") -> dict[str, str]:
   return dict(kv.split("=", 1) for kv in items)
 
 
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of a config file ``path[:arg]`` (the file's ``get_config(arg)``), unlocked: how the planner reads
+  its source config and how a written ``plan_config.py`` is loaded back."""
+  import importlib.util
+  import os
+
+  from absl import app
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise app.UsageError(f"--config={spec}: no config file at {path}.")
+  module_spec = importlib.util.spec_from_file_location("_multilevel_plan_source", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  c = module.get_config(arg) if arg else module.get_config()
+  c.unlock()
+  return c
+
+
 def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
   """Sets dotted keys (``{"train.lr": 1e-3, "cycle.levels": 1}``) on ``c``, as ``--config.train.lr=`` does.
 

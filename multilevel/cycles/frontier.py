@@ -117,31 +117,37 @@ def check_rates(rates: Sequence[float] | None, n: int) -> tuple[float, ...]:
   return rates
 
 
-def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float,
-               rates: Sequence[float]) -> tuple[list[list[float]], list[list[tuple | None]]]:
+def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, rates: Sequence[float],
+               adjacent: bool = False, delays: Sequence[float] | None = None
+               ) -> tuple[list[list[float]], list[list[tuple | None]]]:
   """The dynamic programme of ``ideal_cost`` on the descending grid ``losses``: ``best[k][i]``, the fewest FLOPs
   that put model k at ``losses[i]`` (from scratch, or grown from a smaller model j < k at a grid loss above), and
-  ``back[k][i]``, ``(j, i')`` for the hand-over used (None: from scratch)."""
+  ``back[k][i]``, ``(j, i')`` for the hand-over used (None: from scratch). With ``adjacent`` model k grows only from
+  model k - 1 (a chain of doublings, as stacking grows: a model may start the chain, none may be jumped over).
+  ``delays[k]``: FLOPs model k spends after growing before it moves on (a recovery from the growth), added to every
+  hand-over into it."""
+  delays = [0.0] * len(chain) if delays is None else [float(d) for d in delays]
   inf, grid = math.inf, len(losses)
   costs = [[f.cost(l) for l in losses] for f in chain]
   # Where a model lands when it takes over at grid loss L' (its own cost to reach L' + jump).
   lands = costs if jump == 0 else [[f.cost(l + jump) for l in losses] for f in chain]
   best = [[inf] * grid for _ in chain]
   back: list[list[tuple | None]] = [[None] * grid for _ in chain]
+  sources = (lambda k: range(k - 1, k) if k else range(0)) if adjacent else range
   for k in range(len(chain)):
     r = rates[k]
     run_min, arg = [inf] * len(chain), [None] * len(chain)  # min over L' >= L of best[j](L') - F_k(L')/r, per j.
     for i in range(grid):
       ck, lk = costs[k][i], lands[k][i]
-      for j in range(k):
+      for j in sources(k):
         if best[j][i] < inf and lk is not None and best[j][i] - lk / r < run_min[j]:
           run_min[j], arg[j] = best[j][i] - lk / r, i
       if ck is None:
         continue
       best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
-      for j in range(k):
-        if run_min[j] < inf and run_min[j] + ck / r < best[k][i]:
-          best[k][i], back[k][i] = run_min[j] + ck / r, (j, arg[j])
+      for j in sources(k):
+        if run_min[j] < inf and run_min[j] + ck / r + delays[k] < best[k][i]:
+          best[k][i], back[k][i] = run_min[j] + ck / r + delays[k], (j, arg[j])
   return best, back
 
 

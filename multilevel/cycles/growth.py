@@ -143,14 +143,18 @@ def rate_from_records(records: Sequence[dict], target: Frontier) -> dict | None:
 
 def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequence[float], target: Frontier,
              target_step_flops: float, steps: int, cooldown_frac: float, target_rate: float = 1.0,
-             jump: float = 0.0, min_big: int = 1, grid: int = 400) -> dict | None:
+             jump: float = 0.0, min_big: int = 1, grid: int = 400, adjacent: bool = False,
+             delays: Sequence[float] | None = None, target_delay: float = 0.0) -> dict | None:
   """The cheapest V-cycle under one WSD schedule from the smaller models ``lower`` (their *stable* curves, smallest
   first; any may be skipped) to the target (``target``: its stable curve) that ends at scratch's final loss after a
   budget of ``steps`` target steps.
 
   ``rates[k]``: how fast model k learns after growing into it (``rates[0]``, the bottom model's, is not read);
   ``target_rate``: the target's after its growth. ``min_big``: fewest target steps after the growth (the cool-down,
-  ``cooldown_frac`` of ``steps``, is always inside them).
+  ``cooldown_frac`` of ``steps``, is always inside them). ``adjacent``: each model grows only from the one before it
+  and the target only from the last of ``lower`` (a chain of doublings, as stacking grows; the smallest models may
+  still be skipped, none in between). ``delays[k]`` / ``target_delay``: steps a model grown into spends before it
+  moves on from the loss it took over at (a recovery from the growth; ``delays[0]`` is not read), then at its rate.
 
   Returns ``{'flops', 'saving', 'switch_losses', 'steps', 'big_steps', 'landing_flops'}`` (``steps``: per smaller
   model, its training steps, 0 when skipped; ``flops`` also counts one coalescing step of each grown model) or None
@@ -171,14 +175,19 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
   edge = target.loss_at(knee)
   if edge is not None and bottom < edge - jump < top:
     losses = sorted(set(losses) | {edge - jump}, reverse=True)
-  best, back = best_table(lower, losses, jump, rates)
+  delays = [0.0] * len(lower) if delays is None else [float(d) for d in delays]
+  if len(delays) != len(lower) or not all(math.isfinite(d) and d >= 0 for d in delays + [target_delay]):
+    raise ValueError(f"Growth delays must be {len(lower)} finite numbers of steps >= 0 (and the target's), got "
+                     f"{delays} and {target_delay}.")
+  best, back = best_table(lower, losses, jump, rates, adjacent, [d * f for d, f in zip(delays, step_flops)])
   lands = [target.cost(l + jump) for l in losses]
   choice = None
-  for k in range(len(lower)):
+  for k in range(len(lower) - 1, len(lower)) if adjacent else range(len(lower)):
     for i, land in enumerate(lands):
       if best[k][i] == math.inf or land is None or land > knee * (1 + 1e-9):
         continue
-      big = max(min_big, math.ceil(cool + max(0.0, knee - land) / (target_rate * target_step_flops) - 1e-9))
+      big = max(min_big, math.ceil(cool + target_delay + max(0.0, knee - land) / (target_rate * target_step_flops)
+                                   - 1e-9))
       total = best[k][i] + target_step_flops * (1 + big)
       if choice is None or total < choice[0]:
         choice = (total, k, i, big, land)
@@ -194,7 +203,7 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
     if prev is None:
       n[m] = max(1, round(lower[m].cost(s) / step_flops[m]))
     else:
-      n[m] = max(1, round((lower[m].cost(s) - lower[m].cost(prev + jump)) / rates[m] / step_flops[m]))
+      n[m] = max(1, round((lower[m].cost(s) - lower[m].cost(prev + jump)) / rates[m] / step_flops[m] + delays[m]))
       coalesce += step_flops[m]
     prev = s
   flops = sum(a * b for a, b in zip(n, step_flops)) + coalesce + target_step_flops * (1 + big)
@@ -214,11 +223,22 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
   measures: ``final_loss`` is then None and ``saving`` what it saves at least (against that run; ``at_least``)."""
   f_small = small_steps * small_step_flops
   l_small = small.loss_at(f_small)
-  land = None if l_small is None else target_stable.cost(l_small + jump)
+  if l_small is None:
+    return None
+  return _wsd_target_stage(l_small, f_small, target_stable, target, target_step_flops, big_steps, steps,
+                           cooldown_frac, jump, rate)
+
+
+def _wsd_target_stage(l_small: float, f_small: float, target_stable: Frontier, target: Frontier,
+                      target_step_flops: float, big_steps: int, steps: int, cooldown_frac: float, jump: float,
+                      rate: float, delay: float = 0.0) -> dict | None:
+  """``predict_wsd``'s target stage, after smaller stages that spent ``f_small`` FLOPs and handed over at
+  ``l_small``; the target's first ``delay`` steps after growing (before its cool-down) move it nowhere."""
+  land = target_stable.cost(l_small + jump)
   if land is None:
     return None
   cool = min(max(1, round(cooldown_frac * steps)), big_steps)
-  end = land + rate * (big_steps - cool) * target_step_flops + cool * target_step_flops
+  end = land + rate * max(0.0, big_steps - cool - delay) * target_step_flops + cool * target_step_flops
   flops = f_small + (1 + big_steps) * target_step_flops
   loss = target.loss_at(end)
   out = {"small_loss": l_small, "landing_loss": l_small + jump, "landing_flops": land, "flops": flops}
@@ -227,6 +247,40 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
   if end < target.points[-1][0]:
     return None  # Before the frontier's first point: nothing to read.
   return {**out, "final_loss": None, "saving": 1 - flops / target.points[-1][0], "at_least": True}
+
+
+def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lower_steps: Sequence[int],
+                      rates: Sequence[float], target_stable: Frontier, target: Frontier, target_step_flops: float,
+                      big_steps: int, steps: int, cooldown_frac: float, target_rate: float = 1.0,
+                      jump: float = 0.0, delays: Sequence[float] | None = None,
+                      target_delay: float = 0.0) -> dict | None:
+  """``predict_wsd`` for a chain: the smaller models ``lower`` (stable curves, smallest first) train
+  ``lower_steps[k]`` steps each in turn (0: skipped), each grown one landing ``jump`` above the loss it took over at
+  on its own stable curve and, after ``delays[k]`` steps, moving along it at ``rates[k]`` (``rates[0]`` and
+  ``delays[0]`` are not read), then the target as in ``predict_wsd`` at ``target_rate`` after ``target_delay``
+  steps. Returns the loss each model hands over at (None where skipped) beside ``predict_wsd``'s answer for the
+  target's stage; None where a curve does not reach."""
+  rates = check_rates(rates, len(lower))
+  delays = [0.0] * len(lower) if delays is None else list(delays)
+  if len(lower_steps) != len(lower) or not any(lower_steps):
+    raise ValueError(f"Give steps for each of the {len(lower)} smaller models, some of them positive: {lower_steps}.")
+  loss, flops, handed = None, 0.0, []
+  for k, (curve, f, n) in enumerate(zip(lower, step_flops, lower_steps)):
+    if not n:
+      handed.append(None)
+      continue
+    start = 0.0 if loss is None else curve.cost(loss + jump)
+    if start is None:
+      return None
+    pos = start + (n * f if loss is None else rates[k] * max(0.0, n - delays[k]) * f)
+    flops += n * f + (0.0 if loss is None else f)  # A grown model's first step, as the planner counts it.
+    loss = curve.loss_at(pos)
+    if loss is None:
+      return None
+    handed.append(loss)
+  p = _wsd_target_stage(loss, flops, target_stable, target, target_step_flops, big_steps, steps, cooldown_frac,
+                        jump, target_rate, target_delay)
+  return None if p is None else {**p, "handover_losses": handed}
 
 
 def predict_margins(small: Frontier, small_step_flops: float, small_steps: int, target_stable: Frontier,

@@ -35,6 +35,7 @@ class Candidate:
   # With pilots at several seeds, ``stable`` is their mean and these are (seed, that seed's stable curve): the plan
   # prices its schedule on each as well, the spread a run of it may land in (``plan_vcycle``'s ``seed_predictions``).
   seed_stables: tuple = ()
+  pilot_warmup_frac: float | None = None  # The pilots' train.warmup_frac where their files record it.
 
   @property
   def growth(self) -> str:
@@ -136,11 +137,13 @@ def target_stable_from_saving(paths: Sequence[str], cooldown_frac: float) -> Fro
   return stable_from_scratch_curve("target (stable)", b["scratch_curve"], b["scratch"]["total_flops"], cooldown_frac)
 
 
-def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool = False) -> Candidate:
+def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool = False,
+                         lr_scale: float | None = None) -> Candidate:
   """A candidate from a ``benchmarks.bound`` level-run file (its runs at each budget and learning rate; its
   ``cycle.*`` settings name it and make the V-cycle's small level this model). ``'a.json+b.json'`` pools one model's
   files (e.g. run with different base rates). Each run's ``lr_scale`` is relative to its file's ``base_lr``; the
-  candidate's is made relative to ``base_lr`` (the planned run's ``train.lr``; default the first file's)."""
+  candidate's is made relative to ``base_lr`` (the planned run's ``train.lr``; default the first file's). With
+  ``lr_scale``, only the runs at that rate count (stacking trains every stage at ``train.lr``: 1)."""
   files = []
   for p in path.split("+"):
     with open(p) as f:
@@ -152,9 +155,13 @@ def candidate_from_bound(path: str, base_lr: float | None = None, stable: bool =
   # A file's train.seed (its --set) names the seed of its runs: several seeds of one model pool as their mean.
   runs = [dict(r, lr_scale=r["lr_scale"] * float(f.get("base_lr") or base) / base,
                seed=r.get("seed", f.get("set", {}).get("train.seed"))) for f in files for r in f["runs"]]
+  if lr_scale is not None:
+    runs = [r for r in runs if abs(r["lr_scale"] - lr_scale) < 1e-9]
   cycle = {k: v for k, v in d.get("set", {}).items() if k.startswith("cycle.")}
   name = f"L{d['level']}" + "".join(f" {k.split('.', 1)[1]}={v}" for k, v in cycle.items())
+  warm = d.get("set", {}).get("train.warmup_frac")
   try:
-    return candidate_from_runs(name, runs, cycle, d.get("model", {}), stable)
+    c = candidate_from_runs(name, runs, cycle, d.get("model", {}), stable)
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
+  return c if warm is None else dataclasses.replace(c, pilot_warmup_frac=float(warm))

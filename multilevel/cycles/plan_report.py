@@ -24,7 +24,41 @@ def _saving(p: dict) -> str:
 
 
 def describe(plan: dict) -> str:
-  """The plan as a few lines for a terminal."""
+  """The plan as a few lines for a terminal, then the schedules it was preferred to."""
+  text = _describe_stack(plan) if "stage_steps" in plan else _describe_vcycle(plan)
+  for a in plan.get("alternatives", ()):
+    text += f"\n  preferred to {a['method']}: predicted saving {100 * a['predicted_saving']:+.1f}%"
+  return text
+
+
+def _describe_stack(plan: dict) -> str:
+  """A stacking plan (``stack_planner.plan_stack``) as a few lines."""
+  lines = [f"plan: {plan['method']}  ({plan['pricing']})"]
+  if plan["method"] != "scratch":
+    names = plan["levels"] + ["the target"]
+    stages = ", ".join(f"{n} steps of {m}" + (f" to loss {l:.3f}" if l is not None else "")
+                       for n, m, l in zip(plan["stage_steps"], names, plan["switch_losses"] + [None]))
+    lines.append(f"  {stages}: train.steps={plan['overrides']['train.steps']}, one WSD schedule, the target's "
+                 f"stage holding the whole cool-down")
+    if plan.get("dropped"):
+      lines.append(f"  {', '.join(plan['dropped'])} left out: the cheapest chain through them gave a stage too short "
+                   f"to be what the rates were measured on")
+    if plan.get("curve_end"):
+      lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
+                   f"longer pilot of that model may find a later, better one")
+  else:
+    lines.append(f"why scratch: {plan['why']}")
+  lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
+               f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  m = plan.get("margins")
+  if m:
+    lines.append(f"  if each stacked model lands {m[0]['landing']:.3f} nats higher: {_saving(m[0])}; if each learns at "
+                 f"{m[1]['rate_factor']:g}x its rate: {_saving(m[1])}; both: {_saving(m[2])}"
+                 + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))
+  return "\n".join(lines)
+
+
+def _describe_vcycle(plan: dict) -> str:
   where = ("the lowest loss the target's pilots reached (the budget is past them)" if plan["budget_beyond_pilots"]
            else "scratch's loss at this budget")
   lines = [f"plan: {plan['method']}  (hand-overs searched down to loss {plan['target_loss']:.4f}: {where})"]

@@ -1,0 +1,87 @@
+"""How fast each stacked model learns, from finished stacking runs: the rates and delays the stacking plan prices with.
+
+  python -m benchmarks.stack_rates \
+      --target=benchmarks/results/gcide_gpt_wsd_lr4e-3.json,benchmarks/results/gcide_gpt_wsd_lr4e-3_frontier.json \
+      --levels=benchmarks/results/bound_gcide_gpt_depth_L2_lr1_curve.json,benchmarks/results/bound_gcide_gpt_depth_L1_lr1_curve.json+benchmarks/results/bound_gcide_gpt_depth_L1.json \
+      --runs=benchmarks/results/gcide_gpt_wsd_lr4e-3_stackbert_long_scaled.json \
+      --out=benchmarks/results/stack_rates_gcide_gpt.json
+
+For each stacking variant in --runs (``benchmarks.saving`` results under ``train.decay='wsd'``): per doubling, the
+stacked model's position on its own stable curve (the target's longest WSD scratch run of --target; the shallower
+models' level runs of --levels, shallowest first, at the target's rate) against the steps it trained, from the last
+eval before the growth to its last eval before the cool-down, fitted as rate x (steps - delay)
+(``multilevel.cycles.stack_planner.stack_rates``). Their means are what ``experiments.plan --stack_rates
+--stack_delays`` take.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from absl import app, flags
+
+from benchmarks import cli
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_list("target", [], "benchmarks.saving results with the target's WSD scratch runs.", flag_values=fv)
+  flags.DEFINE_list("levels", [], "benchmarks.bound level runs of the shallower models at the target's rate, "
+                    "shallowest first ('a.json+b.json' pools one model's files).", flag_values=fv)
+  flags.DEFINE_list("runs", [], "benchmarks.saving results with stacking variants run under WSD.", flag_values=fv)
+  flags.DEFINE_float("cooldown_frac", 0.2, "train.cooldown_frac of the scratch runs the budgets are of.",
+                     flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON to write the rates to.", flag_values=fv)
+
+
+def measure(a) -> dict:
+  from multilevel.cycles import planner, stack_planner
+  if not a.target or not a.levels or not a.runs:
+    raise app.UsageError("Give --target (WSD scratch results), --levels (the shallower models' level runs) and --runs.")
+  _, step, _ = planner.target_from_saving(a.target)
+  stable = planner.target_stable_from_saving(a.target, a.cooldown_frac)
+  try:
+    levels = [planner.candidate_from_bound(p, None, True, lr_scale=1.0) for p in a.levels]
+  except (ValueError, OSError) as e:
+    raise app.UsageError(f"--levels: {e}") from None
+  stables = [stable] + [c.stable for c in reversed(levels)]  # By level: 0 is the target.
+  steps_of = [step] + [c.step_flops for c in reversed(levels)]
+  rows, by_level = [], {}
+  for path in a.runs:
+    with open(path) as f:
+      d = json.load(f)
+    for b in d["budgets"]:
+      for name, v in b.get("variants", {}).items():
+        if not v.get("curve"):
+          continue
+        # A planned run's cool-down is the budget's (its train.steps may differ): it starts that far from the end.
+        knee = v["total_flops"] - a.cooldown_frac * b["steps"] * step
+        for r in stack_planner.stack_rates(v["curve"], stables, steps_of, knee):
+          if r is None:
+            continue
+          rows.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, "level": r["level"],
+                       "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
+                       "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]])})
+          by_level.setdefault(r["level"], []).append(r)
+  n = len(levels)
+  mean = lambda k, lv: statistics.mean(r[k] for r in by_level[lv]) if by_level.get(lv) else None
+  out = {"command": cli.command("benchmarks.stack_rates"), "rows": rows,
+         "rates": [mean("rate", lv) for lv in range(n - 1, -1, -1)],  # Shallowest growth first, the target's last.
+         "delays": [mean("delay", lv) for lv in range(n - 1, -1, -1)]}
+  return out
+
+
+def table(d: dict) -> str:
+  lines = ["| run | T | variant | into level | hand-over loss | rate | delay (steps) | overall | steps measured |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for r in d["rows"]:
+    lines.append(f"| {r['run']} | {r['T']} | {r['variant']} | {r['level']} | {r['handover_loss']:.3f} | "
+                 f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} |")
+  fmt = lambda xs: ",".join("?" if x is None else f"{x:.3g}" for x in xs)
+  lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  cli.run_report(define_flags, measure, table)

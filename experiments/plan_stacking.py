@@ -1,0 +1,99 @@
+"""The plan command's stacking part: the shallower models a stacking plan grows through (pilots or level-run files),
+the rates and delays of its doublings, and ``multilevel.cycles.stack_planner.plan_stack`` with the pilots' cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from absl import app
+
+
+def float_list(values: list, flag: str, zero: bool = False) -> list[float]:
+  try:
+    out = [float(v) for v in values]
+  except ValueError:
+    out = [math.nan]
+  if not all(math.isfinite(v) and (v >= 0 if zero else v > 0) for v in out):
+    raise app.UsageError(f"{flag}={','.join(values)}: give " + ("finite numbers of steps >= 0." if zero else
+                                                                 "finite positive rates (1 = as fast as scratch)."))
+  return out
+
+
+def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, small_pilots, seeds, run,
+                 record) -> list:
+  """The shallower models a stacking plan grows through, shallowest first, as candidates at train.lr: from
+  --stack_from files (``stack_from``), or pilots run by ``run`` (the target at ``layers`` / 2, / 4, ... for up to
+  ``doublings_max`` doublings, as deep as ``layers`` divides; each at ``small_pilots`` steps and its longest at
+  ``seeds``). Empty when ``layers`` is odd."""
+  from multilevel.cycles import planner
+  if stack_from:
+    try:
+      found = [planner.candidate_from_bound(p, float(base.train.lr), True, lr_scale=1.0) for p in stack_from]
+    except (ValueError, OSError) as e:
+      raise app.UsageError(f"--stack_from: {e}") from None
+    found = sorted((dataclasses.replace(c, name=f"{c.model.get('model.num_layers', layers)}-layer") for c in found),
+                   key=lambda c: int(c.model.get("model.num_layers", layers)))
+    depths = [int(c.model.get("model.num_layers", layers)) for c in found]
+    want = [depths[-1] // 2 ** k for k in range(len(depths) - 1, -1, -1)]
+    if depths != want or depths[-1] * 2 != layers:
+      raise app.UsageError(f"--stack_from: the files' models have {depths} layers; a chain of doublings into the "
+                           f"target's {layers} needs {[layers // 2 ** k for k in range(len(depths), 0, -1)]}.")
+    return found
+  doublings = 0
+  while doublings < doublings_max and layers % 2 ** (doublings + 1) == 0:
+    doublings += 1
+  out = []
+  for k in range(doublings, 0, -1):
+    name, model = f"{layers // 2 ** k}-layer", {"model.num_layers": layers // 2 ** k}
+    for n in small_pilots:
+      run(name, model, n, 1.0)
+    for seed in seeds:
+      run(name, model, small_pilots[-1], 1.0, seed)
+    try:
+      out.append(planner.candidate_from_runs(name, [p for p in record["pilots"] if p["model"] == name], {}, model,
+                                             True))
+    except ValueError as e:
+      raise app.UsageError(f"stacking pilot {name}: {e}") from None
+  return out
+
+
+def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
+               min_target_frac: float, margins, record, base) -> dict:
+  """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays, or measured
+  from the run directories ``rates_from``: --stack_rates_from), the target held to ``min_target_frac`` of the
+  steps, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  from multilevel.cycles import stack_planner
+  from multilevel.metrics import read_metrics
+  n = len(levels)
+  if rates_from:
+    stables = [settings.target] + [c.stable for c in reversed(levels)]  # By plan level: 0 is the target.
+    steps_of = [target_step] + [c.step_flops for c in reversed(levels)]
+    measured = {}
+    for w in rates_from:
+      if not os.path.exists(os.path.join(w, "metrics.jsonl")):
+        raise app.UsageError(f"--stack_rates_from={w}: no metrics.jsonl there (a run's workdir is expected).")
+      for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
+        if r is not None:
+          measured.setdefault(r["level"], []).append((r["rate"], r["delay"]))
+    mean = lambda lv, i, default: (sum(m[i] for m in measured[lv]) / len(measured[lv]) if measured.get(lv)
+                                   else default)
+    rates = [mean(lv, 0, 1.0) for lv in range(n - 1, -1, -1)]  # Shallowest growth first: level n-1, ..., 0.
+    delays = [mean(lv, 1, 0.0) for lv in range(n - 1, -1, -1)]
+    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays,
+                                      "by_level": {str(k): v for k, v in measured.items()}}
+  rates, delays = rates or [1.0] * n, delays or [0.0] * n
+  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays)):
+    if len(values) != n:
+      raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
+                           f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
+  # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).
+  warm = [round((c.pilot_warmup_frac or float(base.train.warmup_frac)) * c.stable_steps) for c in levels]
+  try:
+    p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
+                                 min_big_frac=min_target_frac, warmup_steps=warm, margins=margins)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  pilots = target_cost + sum(c.pilot_flops for c in levels)
+  return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step)}

@@ -1,0 +1,218 @@
+"""The stacking plan: StackBERT's depth doublings (``cycle.method='stackbert'``) with stage lengths priced from pilots.
+
+``plan_stack`` prices a chain of depth doublings under one warm-up-stable-decay schedule, as ``planner.plan_vcycle``
+prices a V-cycle's hand-overs (``growth.wsd_cost``), with what stacking does differently:
+
+- every stage trains at the target's peak learning rate on one continuous schedule (StackBERT's), so each shallower
+  model's cost is read off the stable curve of its pilot *at that rate* (``lr_scale`` 1), and the pilots' warm-up is
+  the planned run's;
+- a model grows only from the one half as deep (``wsd_cost(adjacent=True)``): the plan may start the chain at any
+  depth (``cycle.stackbert.stages``) but never skips a doubling;
+- the copies do not keep the function: the loss jumps at each doubling and recovers within a few dozen steps. So
+  each doubling is priced from the loss *before* it, with no jump, as a *delay* (the steps the stacked model spends
+  getting back to that loss) and a *rate* after it; ``stack_rates`` fits both to a run's evals
+  (``benchmarks/stack_rates.py`` reads them off finished runs, ``experiments.plan --stack_rates_from`` off run
+  directories). On GPT the model stacked from one layer into two learned faster than its own scratch run from the
+  same loss (1.49x, after 44 steps), the four-layer target at 0.93x after 26 steps.
+
+The plan's stage lengths become ``cycle.stackbert.fracs`` of a run of ``train.steps`` = their sum, with the
+cool-down and warm-up set in steps (``train.cooldown_frac``, ``train.warmup_frac``) to scratch's and the pilots'.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from multilevel.cycles.growth import growth_rate, predict_chain_wsd, wsd_cost
+from multilevel.cycles.pilots import Candidate
+
+# How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
+# "Stacking with longer shallow stages and halved copies"): halved copies added 2-4 points on every seed.
+GROWTH = "scaled"
+ORDER = "stride"
+
+
+def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops: Sequence[float],
+                knee: float) -> list[dict | None]:
+  """How fast each stacked model of a run learned, from the run's eval ``curve`` (rows of FLOPs, seconds, eval loss,
+  level; ``benchmarks.saving`` writes them) and the stable curves and step FLOPs of its models (``stables[level]``,
+  ``step_flops[level]``; level 0 is the target; a stable curve None where unknown): per growth (shallowest first),
+  from the last eval before the growth to the model's last eval before ``knee`` (the FLOPs where the run's
+  cool-down starts), the model's position on its stable curve against the steps it trained, fitted as
+  ``rate * (steps - delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its
+  scratch run's pace from the loss it took over. ``overall`` is the plain ratio (``growth.growth_rate``). None for
+  a growth with no such evals or no curve."""
+  out = []
+  for i in range(1, len(curve)):
+    if curve[i][3] == curve[i - 1][3]:
+      continue
+    level = int(curve[i][3])
+    stable = stables[level] if level < len(stables) else None
+    f0, l0 = curve[i - 1][0], curve[i - 1][2]
+    after = [(p[0], p[2]) for p in curve[i:] if int(p[3]) == level and p[0] <= knee * (1 + 1e-9)]
+    r = growth_rate([(f0, l0)] + after, stable) if stable and after else None
+    pts = [] if r is None else [((f - f0) / step_flops[level], (stable.cost(l) - stable.cost(l0)) / step_flops[level])
+                                for f, l in after if stable.cost(l) is not None]
+    fit = _fit_delay(pts) if pts else None
+    out.append(None if r is None or fit is None else
+               dict(r, overall=r["rate"], rate=fit[0], delay=fit[1], level=level, handover_loss=l0))
+  return out
+
+
+def _fit_delay(pts: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+  """``(rate, delay)`` of position = rate * (steps - delay), least squares over (steps, position) points; with one
+  point, or a fit that would start before the growth, no delay. None where the model did not move forward."""
+  n = len(pts)
+  through_origin = lambda: sum(t * p for t, p in pts) / sum(t * t for t, _ in pts)
+  if n >= 2:
+    mt, mp = sum(t for t, _ in pts) / n, sum(p for _, p in pts) / n
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    slope = sum((t - mt) * (p - mp) for t, p in pts) / var if var > 0 else 0.0
+    delay = mt - mp / slope if slope > 0 else -1.0
+    if slope > 0 and 0 <= delay < max(t for t, _ in pts):
+      return slope, delay
+  r = through_origin()
+  return (r, 0.0) if r > 0 else None
+
+
+def rates_from_records(records: Sequence[dict], stables: Sequence, step_flops: Sequence[float]) -> list[dict | None]:
+  """``stack_rates`` of a stacking run from its metrics records: its evals (not those logged at a growth's event)
+  with their level, the cool-down taken to start after the last eval at the run's peak learning rate."""
+  evals = sorted((r for r in records if "eval_loss" in r and "flops" in r and "event" not in r and "level" in r),
+                 key=lambda r: r["step"])
+  lrs = [r["lr"] for r in records if "lr" in r]
+  if not evals or not lrs:
+    return []
+  peak = max(lrs)
+  at_peak = [r["flops"] for r in records if "flops" in r and "eval_loss" in r and r.get("lr", 0) >= peak * (1 - 1e-6)]
+  knee = max(at_peak) if at_peak else 0.0
+  return stack_rates([[r["flops"], 0.0, r["eval_loss"], r["level"]] for r in evals], stables, step_flops, knee)
+
+
+def _check(levels: Sequence[Candidate], rates: Sequence[float], delays: Sequence[float] | None) -> list[float]:
+  """The per-doubling delays (0 each when None), after refusing what cannot be priced."""
+  if not levels:
+    raise ValueError("A stacking plan needs at least one shallower model (the target's depth / 2).")
+  missing = [c.name for c in levels if c.stable is None]
+  if missing:
+    raise ValueError(f"A stacking plan reads each shallower model's stable curve, and {missing} have none: give "
+                     f"pilots of them under train.decay='wsd' that evaluate often.")
+  off = [f"{c.name} (x{c.lr_scale:g})" for c in levels if abs(c.lr_scale - 1.0) > 1e-9]
+  if off:
+    raise ValueError(f"Stacking trains every stage at the target's train.lr, and the pilots of {off} were best at "
+                     f"another rate: give pilots at --lr_scales=1 only.")
+  if len(rates) != len(levels) or not all(math.isfinite(r) and r > 0 for r in rates):
+    raise ValueError(f"Give one finite positive growth rate per doubling ({len(levels)}: into each deeper model, the "
+                     f"target last), got {list(rates)}.")
+  delays = [0.0] * len(levels) if delays is None else [float(d) for d in delays]
+  if len(delays) != len(levels) or not all(math.isfinite(d) and d >= 0 for d in delays):
+    raise ValueError(f"Give one delay per doubling ({len(levels)}, steps >= 0, the target's last), got {delays}.")
+  return delays
+
+
+def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int, rates: Sequence[float],
+               delays: Sequence[float] | None = None, min_big_frac: float = 0.05, min_stage_frac: float = 0.05,
+               warmup_steps: int | Sequence[int] = 0, growth: str = GROWTH, order: str = ORDER,
+               margins: tuple[float, float] = (0.02, 0.75)) -> dict:
+  """The StackBERT schedule that the pilots price cheapest for a budget of ``steps`` target steps.
+
+  ``target``: the target's decayed frontier; ``wsd``: ``planner.Wsd`` (its stable curve and cool-down);
+  ``levels``: the shallower models, shallowest first, each half as deep as the next (the last half the target's
+  depth), their pilots at the target's learning rate. Per doubling, the model grown from ``levels[k]`` (the
+  target's last): ``rates[k]``, how fast it learns, and ``delays[k]``, the steps it first spends recovering from the
+  growth (``stack_rates`` measures both; no delay by default). ``warmup_steps``: the pilots' warm-up (one per level,
+  or one for all), which the planned run keeps: that of the level its first stage trains.
+
+  ``min_big_frac``: the fewest steps the target trains, as a share of ``steps`` (its cool-down is always inside
+  them). ``min_stage_frac``: the shortest stage a plan may have, as a share of ``steps``. A shorter one (the cheapest
+  chain often passes through a model for a step or two: a doubling skipped in all but name) is not what the rates
+  were measured on, so the chain is priced again without the models below it (``dropped`` names them; the first
+  model itself where its own stage is the short one).
+
+  Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
+  with ``stage_steps`` and ``switch_losses``, and ``margins``: the saving if every stacked model lands
+  ``margins[0]`` nats higher, learns at ``margins[1]`` times its rate, and both; or scratch (``cycle.levels`` 1)
+  when no chain saves anything."""
+  delays = _check(levels, rates, delays)
+  if steps < 4:
+    raise ValueError(f"A stacking plan needs a budget of at least 4 target steps, got {steps}.")
+  budget = steps * target_step_flops
+  cool = max(1, round(wsd.cooldown_frac * steps))
+  min_big = max(round(min_big_frac * steps), cool, 1)
+  min_stage = max(1, round(min_stage_frac * steps))
+  r, start, dropped = None, 0, []
+  while start < len(levels):  # The chain from levels[start] up; a stage it prices too short drops the models below
+    # it (they took it almost to where it hands over), or itself where it is the first.
+    chain = levels[start:]
+    r = wsd_cost([c.stable for c in chain], [c.step_flops for c in chain],
+                 [1.0] + [float(x) for x in rates[start:-1]], wsd.target, target_step_flops, steps,
+                 wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
+                 delays=[0.0] + delays[start:-1], target_delay=delays[-1])
+    short = [] if r is None else [k for k, n in enumerate(r["steps"]) if 0 < n < min_stage]
+    if not short:
+      break
+    cut = max(short[-1], 1)
+    dropped += [c.name for c in chain[:cut]]
+    start += cut
+    r = None
+  if r is not None:  # In the indices of ``levels``.
+    r = dict(r, steps=[0] * start + list(r["steps"]), switch_losses=[None] * start + list(r["switch_losses"]))
+  scope = {"pricing": f"stacking under WSD: stable curves at train.lr, cool-down {wsd.cooldown_frac:g}, rates "
+                      f"{[round(float(x), 3) for x in rates]} after delays {[round(d) for d in delays]} steps, from "
+                      f"the loss before each doubling; the target at least {min_big} steps",
+           "stack_rates": list(rates), "stack_delays": delays, "min_big_steps": min_big}
+  if r is None or r["saving"] <= 0:
+    return {"method": "scratch", "overrides": {"train.steps": steps, "cycle.levels": 1}, **scope,
+            "predicted_flops": budget, "predicted_saving": 0.0, "stage_steps": [], "switch_losses": [], "levels": [],
+            "why": "no chain of doublings from these pilots is cheaper than scratch at this budget"}
+  used = [k for k, n in enumerate(r["steps"]) if n]
+  stage_steps = [r["steps"][k] for k in used] + [r["big_steps"]]
+  total = sum(stage_steps)
+  overrides = {"train.steps": total, "cycle.method": "stackbert", "cycle.stackbert.stages": len(stage_steps),
+               "cycle.stackbert.fracs": tuple(n / total for n in stage_steps),
+               "cycle.stackbert.growth": growth, "cycle.stackbert.order": order,
+               "train.cooldown_frac": cool / total}
+  warm = warmup_steps if isinstance(warmup_steps, int) else warmup_steps[used[0]]
+  if warm:
+    overrides["train.warmup_frac"] = min(warm, stage_steps[0] - 1) / total
+  out = {"method": f"stackbert from {levels[used[0]].name}, {len(stage_steps)} stages", "overrides": overrides,
+         **scope, "predicted_flops": r["flops"], "predicted_saving": r["saving"], "stage_steps": stage_steps,
+         "switch_losses": [r["switch_losses"][k] for k in used], "levels": [levels[k].name for k in used],
+         "dropped": dropped, "curve_end": _curve_end(r, levels, wsd)}
+  out["margins"] = [
+      {"landing": dl, "rate_factor": f, "saving": (p := predict_stack(target, wsd, levels, target_step_flops, steps,
+                                                                       rates, r["steps"], r["big_steps"], dl, f,
+                                                                       delays)) and p["saving"],
+       "at_least": bool(p and p["at_least"])}
+      for dl, f in ((margins[0], 1.0), (0.0, margins[1]), (margins[0], margins[1]))]
+  return out
+
+
+def _curve_end(r: dict, levels: Sequence[Candidate], wsd) -> list[str]:
+  """The measured curves a priced hand-over sits at the end of (a longer pilot of that model may find a later and
+  better one): a shallower model's where it hands over, the target's where the last doubling lands."""
+  out = []
+  for c, s in zip(levels, r["switch_losses"]):
+    lo, hi = c.stable.loss_range
+    if s is not None and s <= lo + 1e-3 * (hi - lo):
+      out.append(f"{c.name}'s")
+  last = [s for s in r["switch_losses"] if s is not None]
+  lo, hi = wsd.target.loss_range
+  if last and last[-1] <= lo + 1e-3 * (hi - lo):
+    out.append("the target's")
+  return out
+
+
+def predict_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int,
+                  rates: Sequence[float], lower_steps: Sequence[int], big_steps: int, landing: float = 0.0,
+                  rate_factor: float = 1.0, delays: Sequence[float] | None = None) -> dict | None:
+  """What the pilots predict for a given stacking schedule (``lower_steps`` per shallower model, 0 where the chain
+  starts higher, then ``big_steps`` of the target; ``target``: the target's decayed frontier): ``growth
+  .predict_chain_wsd`` with every stacked model landing ``landing`` nats higher and, after its delay, learning at
+  ``rate_factor`` times its rate."""
+  delays = _check(levels, rates, delays)
+  rs = [float(x) * rate_factor for x in rates]
+  return predict_chain_wsd([c.stable for c in levels], [c.step_flops for c in levels], lower_steps, [1.0] + rs[:-1],
+                           wsd.target, target, target_step_flops, big_steps, steps, wsd.cooldown_frac, rs[-1],
+                           landing, [0.0] + delays[:-1], delays[-1])

@@ -1,0 +1,320 @@
+"""Stacking priced from pilots (multilevel/cycles/stack_planner.py), the chains of doublings it prices
+(growth.wsd_cost(adjacent=True), growth.predict_chain_wsd) and experiments.plan --methods=stackbert."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from multilevel.cycles import growth, planner, stack_planner
+from multilevel.cycles.pilots import Candidate
+
+from engine_util import ROOT
+from wsd_curves import DECAYED, STABLE, STEP, loglinear
+
+# A quarter-depth and a half-depth model at the target's rate: each cheaper per step, each stops paying at a higher
+# loss than the next deeper one.
+QUARTER = loglinear("quarter stable", 6.0, 3.6, 20 * STEP, 3.0)
+HALF = loglinear("half stable", 6.0, 3.3, 45 * STEP, 2.4)
+Q_STEP, H_STEP = 0.4 * STEP, 0.6 * STEP
+
+
+def level(name, stable, step, lr_scale=1.0, steps=4000):
+  return Candidate(name, planner.Frontier(name, tuple((f, l - 0.3) for f, l in stable.points)), step, lr_scale,
+                   stable=stable, stable_steps=steps, model={"model.num_layers": 1 if name == "quarter" else 2})
+
+
+LEVELS = [level("quarter", QUARTER, Q_STEP), level("half", HALF, H_STEP)]
+
+
+def brute_force(steps, rates, grid=160, cool_frac=0.2):
+  """The cheapest chain of doublings (quarter -> half -> target, or half -> target) by enumerating both hand-over
+  losses, written out independently of the dynamic programme."""
+  cool = round(cool_frac * steps)
+  knee = (steps - cool) * STEP
+  losses = [6.0 - 2.7 * i / (grid - 1) for i in range(grid)]
+  best = None
+
+  def target_part(s1):
+    land = STABLE.cost(s1)
+    if land is None or land > knee * (1 + 1e-9):
+      return None
+    return STEP * (1 + max(1, math.ceil(cool + max(0.0, knee - land) / (rates[1] * STEP) - 1e-9)))
+
+  for s1 in losses:
+    t = target_part(s1)
+    if t is None or HALF.cost(s1) is None:
+      continue
+    options = [round(HALF.cost(s1) / H_STEP) * H_STEP]  # The chain starts at half depth.
+    for s0 in losses:
+      if s0 <= s1 or QUARTER.cost(s0) is None:
+        continue
+      n1 = round((HALF.cost(s1) - HALF.cost(s0)) / rates[0] / H_STEP)
+      options.append(round(QUARTER.cost(s0) / Q_STEP) * Q_STEP + n1 * H_STEP + H_STEP)
+    total = min(options) + t
+    best = total if best is None else min(best, total)
+  return best
+
+
+@pytest.mark.parametrize("rates", [(1.0, 1.0), (0.8, 0.7)])
+def test_a_chain_of_doublings_is_priced_at_the_cheapest_pair_of_hand_overs(rates):
+  r = growth.wsd_cost([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, rates[0]], STABLE, STEP, 8000, 0.2, rates[1],
+                      adjacent=True)
+  assert r["flops"] == pytest.approx(brute_force(8000, rates), rel=3e-3)
+  assert r["steps"][1] > 0  # The target grows from the half-depth model, never straight from the quarter.
+
+
+def test_adjacent_chains_never_skip_a_doubling():
+  # Growing into the half-depth model is slow: a free chain jumps from the quarter straight to the target, a chain
+  # of doublings cannot.
+  args = ([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, 0.05], STABLE, STEP, 8000, 0.2)
+  free = growth.wsd_cost(*args)
+  assert free["switch_losses"][1] is None and free["steps"][0] > 0
+  doubling = growth.wsd_cost(*args, adjacent=True)
+  assert doubling["switch_losses"][1] is not None and doubling["steps"][1] > 0
+  assert doubling["saving"] <= free["saving"]
+
+
+def test_the_predicted_run_of_a_priced_chain_ends_at_scratchs_loss():
+  steps = 8000
+  for rates in ((1.0, 1.0), (0.8, 0.7)):
+    r = growth.wsd_cost([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, rates[0]], STABLE, STEP, steps, 0.2, rates[1],
+                        adjacent=True)
+    p = growth.predict_chain_wsd([QUARTER, HALF], [Q_STEP, H_STEP], r["steps"], [1.0, rates[0]], STABLE, DECAYED,
+                                 STEP, r["big_steps"], steps, 0.2, rates[1])
+    assert p["final_loss"] == pytest.approx(DECAYED.loss_at(steps * STEP), abs=3e-3)
+    assert p["flops"] == pytest.approx(r["flops"], rel=1e-9)
+    assert [x is not None for x in p["handover_losses"]] == [n > 0 for n in r["steps"]]
+  # A longer quarter stage hands a lower loss on; a slower half-depth model ends higher.
+  base = lambda r0, n0=2000: growth.predict_chain_wsd([QUARTER, HALF], [Q_STEP, H_STEP], [n0, 1500], [1.0, r0],
+                                                      STABLE, DECAYED, STEP, 3000, steps, 0.2)
+  assert base(1.0, 3000)["handover_losses"][0] < base(1.0)["handover_losses"][0]
+  assert base(0.5)["final_loss"] > base(1.0)["final_loss"]
+  with pytest.raises(ValueError, match="some of them positive"):
+    growth.predict_chain_wsd([QUARTER, HALF], [Q_STEP, H_STEP], [0, 0], [1.0, 1.0], STABLE, DECAYED, STEP, 10,
+                             steps, 0.2)
+
+
+def test_a_stacking_plan_writes_the_stackbert_run_it_priced():
+  from experiments.configs import gpt
+  from experiments.configs.common import override
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  steps, wsd = 8000, planner.Wsd(STABLE, 0.2)
+  p = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, steps, [1.0, 1.0], warmup_steps=200)
+  want = growth.wsd_cost([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, 1.0], STABLE, STEP, steps, 0.2, 1.0,
+                         min_big=max(round(0.05 * steps), 1600), adjacent=True)
+  assert p["predicted_saving"] == pytest.approx(want["saving"], abs=1e-12) and p["predicted_saving"] > 0
+  o = p["overrides"]
+  assert p["stage_steps"] == [n for n in want["steps"] if n] + [want["big_steps"]]
+  assert o["train.steps"] == sum(p["stage_steps"]) and o["cycle.method"] == "stackbert"
+  assert o["cycle.stackbert.stages"] == len(p["stage_steps"]) and o["cycle.stackbert.growth"] == "scaled"
+  c = gpt.get_config("test")
+  c.unlock()
+  override(c, {"model.num_layers": 4, "train.decay": "wsd", **o})
+  built = build_plan(model_config(c, None), c.cycle, c.train)
+  assert [s.steps for s in built.stages] == p["stage_steps"]
+  assert [lv.num_layers for lv in built.levels] == [4, 2, 1][:len(p["stage_steps"])]
+  # The cool-down is scratch's at the budget (in steps) and the warm-up the pilots'.
+  assert round(c.train.cooldown_frac * c.train.steps) == round(0.2 * steps)
+  assert round(c.train.warmup_frac * c.train.steps) == 200
+  text = planner.describe({**p, "pilot_flops": 1.0, "net_saving": 0.0, "alternatives": [
+      {"method": "vcycle from depth", "predicted_saving": 0.01, "overrides": {}}]})
+  assert f"{p['stage_steps'][-1]} steps of the target" in text and "preferred to vcycle from depth: predicted " \
+      "saving +1.0%" in text
+  # Each predicted margin is a schedule that gets less done, so it saves less.
+  assert all(m["saving"] < p["predicted_saving"] for m in p["margins"])
+  # A model that learns slowly after stacking into the target: the plan hands over later and saves less.
+  slow = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, steps, [1.0, 0.9])
+  assert slow["predicted_saving"] < p["predicted_saving"]
+  assert slow["switch_losses"][-1] < p["switch_losses"][-1]
+
+
+def test_a_stacking_plan_refuses_pilots_it_cannot_price():
+  wsd = planner.Wsd(STABLE, 0.2)
+  with pytest.raises(ValueError, match="at --lr_scales=1"):
+    stack_planner.plan_stack(DECAYED, wsd, [LEVELS[0], level("half", HALF, H_STEP, lr_scale=2.0)], STEP, 8000,
+                             [1.0, 1.0])
+  with pytest.raises(ValueError, match="one finite positive growth rate per doubling"):
+    stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0])
+  no_curve = Candidate("half", LEVELS[1].frontier, H_STEP, 1.0)
+  with pytest.raises(ValueError, match="stable curve"):
+    stack_planner.plan_stack(DECAYED, wsd, [no_curve], STEP, 8000, [1.0])
+  # Pilots that never get cheaper than the target: scratch, and why.
+  dear = level("half", loglinear("dear", 6.0, 3.3, 200 * STEP, 2.5), 0.9 * STEP)
+  p = stack_planner.plan_stack(DECAYED, wsd, [dear], STEP, 8000, [1.0])
+  assert p["method"] == "scratch" and p["overrides"]["cycle.levels"] == 1 and "no chain" in p["why"]
+
+
+def grown_curve(rate, start_loss=5.0, hand_flops=1e12, level=1, stable=HALF, step=H_STEP, n=6, delay=0.0):
+  """Eval rows (FLOPs, seconds, loss, level) of a run that hands over at ``start_loss`` into a model that, ``delay``
+  steps after the growth, has got as far as from that loss as its scratch run had, then moves ``rate`` times as fast
+  as it (every 100 of its steps an eval)."""
+  rows = [[hand_flops, 0.0, start_loss, level + 1]]
+  for k in range(1, n + 1):
+    rows.append([hand_flops + k * 100 * step, 0.0,
+                 stable.loss_at(stable.cost(start_loss) + rate * (k * 100 - delay) * step), level])
+  return rows
+
+
+def test_a_stacked_models_rate_and_delay_are_read_from_the_loss_before_the_growth():
+  rows = grown_curve(0.7, delay=60)
+  rs = stack_planner.stack_rates(rows, [STABLE, HALF], [STEP, H_STEP], knee=1e15)
+  assert len(rs) == 1 and rs[0]["level"] == 1 and rs[0]["handover_loss"] == 5.0
+  assert rs[0]["rate"] == pytest.approx(0.7, rel=1e-4) and rs[0]["delay"] == pytest.approx(60, abs=0.05)
+  assert rs[0]["overall"] == pytest.approx(0.7 * (600 - 60) / 600, rel=1e-4)  # The plain ratio over the stage.
+  # Evals past the knee (the cool-down) are not read; a level with no stable curve gives None.
+  cut = stack_planner.stack_rates(rows, [STABLE, HALF], [STEP, H_STEP], knee=rows[3][0])
+  assert cut[0]["rate"] == pytest.approx(0.7, rel=1e-4) and cut[0]["last_loss"] == rows[3][2]
+  assert stack_planner.stack_rates(rows, [STABLE, None], [STEP, H_STEP], knee=1e15) == [None]
+  # No delay: none is fitted.
+  plain = stack_planner.stack_rates(grown_curve(1.2), [STABLE, HALF], [STEP, H_STEP], knee=1e15)[0]
+  assert plain["rate"] == pytest.approx(1.2, rel=1e-4) and plain["delay"] == pytest.approx(0, abs=0.05)
+
+
+def test_a_delay_after_each_doubling_makes_short_stages_dear():
+  wsd = planner.Wsd(STABLE, 0.2)
+  p = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0])
+  slow = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], delays=[300, 300])
+  assert slow["predicted_saving"] < p["predicted_saving"]
+  # Priced and predicted the same way: the plan's schedule, run through the chain's prediction, ends at scratch's loss.
+  n = [0] * (3 - len(slow["stage_steps"])) + slow["stage_steps"][:-1]
+  pred = stack_planner.predict_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], n, slow["stage_steps"][-1],
+                                     delays=[300, 300])
+  assert pred["final_loss"] == pytest.approx(DECAYED.loss_at(8000 * STEP), abs=3e-3)
+  assert pred["saving"] == pytest.approx(slow["predicted_saving"], abs=3e-3)
+  with pytest.raises(ValueError, match="one delay per doubling"):
+    stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], delays=[-1, 0])
+
+
+def write_files(tmp_path):
+  """The target's scratch results and the two shallower models' level runs (each at rates 1 and 2, in two files
+  pooled as 'a.json+b.json'), as benchmarks.saving and benchmarks.bound write them."""
+  target = tmp_path / "target.json"
+  curve = [[f, 0.0, l] for f, l in STABLE.points]
+  target.write_text(json.dumps({"family": "gpt", "budgets": [
+      {"steps": round(f / STEP), "scratch": {"total_flops": f, "final_eval_loss": l},
+       **({"scratch_curve": [c for c in curve if c[0] <= 0.8 * f] + [[f, 0.0, l]]} if i == len(DECAYED.points) - 1
+          else {})} for i, (f, l) in enumerate(DECAYED.points)]}))
+  files = []
+  for lv, (name, stable, step, layers) in enumerate((("q", QUARTER, Q_STEP, 1), ("h", HALF, H_STEP, 2))):
+    pooled = []  # Each model's runs at the two rates in two files, pooled as 'a.json+b.json'.
+    for s in (1, 2):
+      path = tmp_path / f"{name}{s}.json"
+      path.write_text(json.dumps({"level": 2 - lv, "model": {"model.num_layers": layers},
+                                  "set": {"cycle.width_factor": "1", "train.warmup_frac": "0.025"}, "runs": [
+          {"steps": round(f / step), "lr_scale": s, "total_flops": f, "final_eval_loss": l - 0.3 + (s - 1) * 0.01,
+           **({"curve": [[g, m, 1e-3] for g, m in stable.points]} if i == 8 else {})}
+          for i, (f, l) in enumerate(stable.points)]}))
+      pooled.append(str(path))
+    files.append("+".join(pooled))
+  return target, files
+
+
+def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_path):
+  from benchmarks import cli, stack_rates
+  target, files = write_files(tmp_path)
+  half = grown_curve(1.3, 5.5, 1e12, 1, HALF, H_STEP, 4, delay=30)
+  top = grown_curve(0.9, half[-1][2], half[-1][0], 0, STABLE, STEP, 4, delay=20)[1:]
+  # The run's cool-down (the last 20% of its budget's steps) starts after its last eval here.
+  total = top[-1][0] + 0.25 * 1000 * STEP
+  runs = tmp_path / "runs.json"
+  runs.write_text(json.dumps({"budgets": [{"steps": 1000, "variants": {"planned": {
+      "total_flops": total, "curve": [[5e11, 0.0, 5.9, 2]] + half + top}}}]}))
+  a = cli.parse(stack_rates.define_flags, [f"--target={target}", f"--levels={','.join(files)}", f"--runs={runs}"])
+  d = stack_rates.measure(a)
+  assert d["rates"] == [pytest.approx(1.3, rel=1e-3), pytest.approx(0.9, rel=1e-3)]
+  assert d["delays"] == [pytest.approx(30, abs=0.1), pytest.approx(20, abs=0.1)]
+  assert [r["level"] for r in d["rows"]] == [1, 0] and "--stack_rates=1.3,0.9" in stack_rates.table(d)
+
+
+def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_path):
+  target, files = write_files(tmp_path)
+  # A stacking run of this config: its half-depth model moved at its scratch pace, its target at 0.95 of it after 40
+  # steps of recovery.
+  run = tmp_path / "run"
+  run.mkdir()
+  half = grown_curve(1.0, 5.5, 1e12, 1, HALF, H_STEP, 4)
+  top = grown_curve(0.95, half[-1][2], half[-1][0], 0, STABLE, STEP, 4, delay=40)[1:]
+  recs = [{"step": 10 * i, "level": int(r[3]), "flops": r[0], "eval_loss": r[2], "lr": 1e-3}
+          for i, r in enumerate([[5e11, 0.0, 5.5, 2]] + half + top)]
+  run.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
+  args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8000", "--set=train.decay=wsd",
+          "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert", f"--stack_from={','.join(files)}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rates_from={run}"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  d = json.loads((tmp_path / "w" / "plan.json").read_text())
+  m = d["stack_rates_measured"]
+  assert m["rates"] == [pytest.approx(1.0, rel=1e-3), pytest.approx(0.95, rel=1e-3)]
+  assert m["delays"] == [pytest.approx(0, abs=0.1), pytest.approx(40, abs=0.1)]
+  p = d["plan"]
+  want = stack_planner.plan_stack(DECAYED, planner.Wsd(STABLE, 0.2), LEVELS, STEP, 8000, m["rates"], m["delays"])
+  assert p["stage_steps"] == want["stage_steps"] and p["predicted_saving"] == pytest.approx(want["predicted_saving"])
+  assert p["budget"] == 8000 and "plan: stackbert from" in r.stdout
+  from experiments.configs.common import load_config
+  c = load_config(str(tmp_path / "w" / "plan_config.py"))
+  assert c.cycle.method == "stackbert" and c.train.steps == sum(p["stage_steps"])
+  # The first stage warms up as its pilot did: the file's train.warmup_frac of that pilot's steps.
+  first = (QUARTER, Q_STEP) if len(p["stage_steps"]) == 3 else (HALF, H_STEP)
+  warm = round(0.025 * round(first[0].points[8][0] / first[1]))
+  assert round(c.train.warmup_frac * c.train.steps) == min(warm, p["stage_steps"][0] - 1)
+  # Bad input: rates of the wrong count, stacking files out of order of depth, stacking under a decayed schedule.
+  bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--stack_rates=0.9"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "give one per doubling" in bad.stderr
+  odd = subprocess.run(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert odd.returncode != 0 and "a chain of doublings into the target's 4" in odd.stderr
+  gone = subprocess.run(args[:-1] + [f"--stack_from={files[0]},{files[1]}+{tmp_path / 'nothing.json'}",
+                                     f"--workdir={tmp_path / 'g'}"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert gone.returncode != 0 and f"no file {tmp_path / 'nothing.json'}" in gone.stderr
+  cos = subprocess.run([a for a in args if a != "--set=train.decay=wsd"] + [f"--workdir={tmp_path / 'c'}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert cos.returncode != 0 and "WSD schedule only" in cos.stderr
+
+
+def test_the_plan_command_runs_stacking_pilots_at_the_targets_rate(tmp_path):
+  from experiments.configs.common import load_config
+  from multilevel.cycles import build_plan
+  from multilevel.cycles.run_config import model_config
+  from engine_util import CACHE
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+  config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"  # 2 layers: one doubling.
+  r = subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=16",
+                      f"--workdir={tmp_path}", "--set=train.decay=wsd", f"--set=data.cache_dir={CACHE}",
+                      "--set=train.batch_size=4", "--methods=stackbert", "--target_pilots=8,16", "--small_pilots=8,16",
+                      f"--compilation_cache={os.path.join(ROOT, '.cache', 'jax-tests')}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  d = json.loads((tmp_path / "plan.json").read_text())
+  # The 1-layer model's pilots ran at the target's rate only, evaluated often enough for a stable curve.
+  shallow = [p for p in d["pilots"] if p["model"] == "1-layer"]
+  assert sorted(p["steps"] for p in shallow) == [8, 16] and {p["lr_scale"] for p in shallow} == {1.0}
+  assert len(shallow[-1]["curve"]) >= 8
+  p = d["plan"]
+  assert p["budget"] == 16 and "plan:" in r.stdout and "pilots cost" in r.stdout
+  c = load_config(str(tmp_path / "plan_config.py"))
+  built = build_plan(model_config(c, None), c.cycle, c.train)
+  # Stacking pays at this budget (about +20% predicted); the driver's plan has the priced stages.
+  assert p["predicted_saving"] > 0.05 and c.cycle.method == "stackbert"
+  assert [s.steps for s in built.stages] == p["stage_steps"] and c.train.steps == sum(p["stage_steps"])
+
+
+def test_a_stage_priced_too_short_is_dropped_with_the_models_below_it():
+  wsd = planner.Wsd(STABLE, 0.2)
+  full = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0])
+  assert len(full["stage_steps"]) == 3 and full["dropped"] == [] and 400 < full["stage_steps"][0] < 1600
+  # The quarter-depth stage is shorter than a fifth of the budget: the chain starts at half depth instead.
+  p = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], min_stage_frac=0.2)
+  assert p["dropped"] == ["quarter"] and p["levels"] == ["half"] and len(p["stage_steps"]) == 2
+  alone = stack_planner.plan_stack(DECAYED, wsd, LEVELS[1:], STEP, 8000, [1.0])
+  assert p["stage_steps"] == alone["stage_steps"] and p["predicted_saving"] == alone["predicted_saving"]
+  assert p["overrides"]["cycle.stackbert.stages"] == 2 and "quarter left out" in planner.describe(
+      {**p, "pilot_flops": 0.0, "net_saving": p["predicted_saving"]})
