@@ -30,6 +30,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("levels", [], "benchmarks.bound level runs of the shallower models at the target's rate, "
                     "shallowest first ('a.json+b.json' pools one model's files).", flag_values=fv)
   flags.DEFINE_list("runs", [], "benchmarks.saving results with stacking variants run under WSD.", flag_values=fv)
+  flags.DEFINE_list("variants", [], "Only these variants of --runs (default every one with a curve).", flag_values=fv)
   flags.DEFINE_float("cooldown_frac", 0.2, "train.cooldown_frac of the scratch runs the budgets are of.",
                      flag_values=fv)
   flags.DEFINE_string("out", "", "JSON to write the rates to.", flag_values=fv)
@@ -53,7 +54,7 @@ def measure(a) -> dict:
       d = json.load(f)
     for b in d["budgets"]:
       for name, v in b.get("variants", {}).items():
-        if not v.get("curve"):
+        if not v.get("curve") or (a.variants and name not in a.variants):
           continue
         # A planned run's cool-down is the budget's (its train.steps may differ): it starts that far from the end.
         knee = v["total_flops"] - a.cooldown_frac * b["steps"] * step
