@@ -95,7 +95,8 @@ _STACK_DOUBLINGS = flags.DEFINE_integer("stack_doublings", 2, "Most depth doubli
 _STACK_RATES = flags.DEFINE_list("stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
                                  "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
                                  "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
-                                 "about 1.0,0.84 (benchmarks/SAVINGS.md).")
+                                 "1.49,0.927 with --stack_delays=43.5,25.9; on Shakespeare 0.961,1.26 with 12.1,62.2 "
+                                 "(benchmarks.stack_rates; benchmarks/SAVINGS.md).")
 _STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked model first spends recovering from "
                                   "its doubling before it learns at its rate, one per doubling (default 0 each).")
 _STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
