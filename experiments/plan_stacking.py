@@ -74,6 +74,11 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
     for w in rates_from:
       if not os.path.exists(os.path.join(w, "metrics.jsonl")):
         raise app.UsageError(f"--stack_rates_from={w}: no metrics.jsonl there (a run's workdir is expected).")
+      method = _method_of(w)
+      if method not in (None, "stackbert"):
+        raise app.UsageError(f"--stack_rates_from={w}: that run is cycle.method={method!r}; the rates of stacking "
+                             f"are read from cycle.method='stackbert' runs (a V-cycle's growths are priced by "
+                             f"--growth_rates_from).")
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
         if r is not None:
           measured.setdefault(r["level"], []).append((r["rate"], r["delay"]))
@@ -97,3 +102,13 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)
   return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step)}
+
+
+def _method_of(workdir: str) -> str | None:
+  """The ``cycle.method`` a run recorded in its ``run.json`` (None when it recorded none)."""
+  import json
+  try:
+    with open(os.path.join(workdir, "run.json")) as f:
+      return (json.load(f).get("config") or {}).get("cycle", {}).get("method")
+  except (OSError, ValueError, AttributeError):
+    return None

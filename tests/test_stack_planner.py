@@ -265,6 +265,13 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   warm = round(0.025 * round(first[0].points[8][0] / first[1]))
   assert round(c.train.warmup_frac * c.train.steps) == min(warm, p["stage_steps"][0] - 1)
   # Bad input: rates of the wrong count, stacking files out of order of depth, stacking under a decayed schedule.
+  vrun = tmp_path / "vrun"  # A V-cycle's run: its growths are not stacking's.
+  vrun.mkdir()
+  vrun.joinpath("metrics.jsonl").write_text(run.joinpath("metrics.jsonl").read_text())
+  vrun.joinpath("run.json").write_text(json.dumps({"config": {"cycle": {"method": "vcycle"}}}))
+  vc = subprocess.run(args + [f"--workdir={tmp_path / 'v'}", f"--stack_rates_from={vrun}"], cwd=ROOT, env=env,
+                      capture_output=True, text=True, timeout=300)
+  assert vc.returncode != 0 and "that run is cycle.method='vcycle'" in vc.stderr
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--stack_rates=0.9"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "give one per doubling" in bad.stderr
