@@ -46,8 +46,7 @@ def measure(a) -> dict:
     levels = [planner.candidate_from_bound(p, None, True, lr_scale=1.0) for p in a.levels]
   except (ValueError, OSError) as e:
     raise app.UsageError(f"--levels: {e}") from None
-  stables = [stable] + [c.stable for c in reversed(levels)]  # By level: 0 is the target.
-  steps_of = [step] + [c.step_flops for c in reversed(levels)]
+  stables, steps_of = stack_planner.by_level(stable, step, levels)
   rows, by_level = [], {}
   for path in a.runs:
     with open(path) as f:

@@ -68,8 +68,7 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
   from multilevel.metrics import read_metrics
   n = len(levels)
   if rates_from:
-    stables = [settings.target] + [c.stable for c in reversed(levels)]  # By plan level: 0 is the target.
-    steps_of = [target_step] + [c.step_flops for c in reversed(levels)]
+    stables, steps_of = stack_planner.by_level(settings.target, target_step, levels)
     measured = {}
     for w in rates_from:
       if not os.path.exists(os.path.join(w, "metrics.jsonl")):

@@ -50,6 +50,12 @@ class Frontier:
     """(lowest, highest) loss the frontier measures."""
     return self.points[-1][1], self.points[0][1]
 
+  def at_lowest(self, loss: float) -> bool:
+    """Whether ``loss`` is at the lowest loss the curve measures (to 0.1% of its range) or below: a hand-over there
+    sits at the end of what was measured, and a longer run may find a later one."""
+    lo, hi = self.loss_range
+    return loss <= lo + 1e-3 * (hi - lo)
+
   def cost(self, loss: float) -> float | None:
     """FLOPs at which the frontier reaches ``loss`` (log-linear between budgets); None outside its range."""
     lo, hi = self.loss_range

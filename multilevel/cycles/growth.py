@@ -294,10 +294,18 @@ def predict_margins(small: Frontier, small_step_flops: float, small_steps: int, 
   has real work to do they fall far below it, and so did the measured savings (benchmarks/SAVINGS.md, "How much of
   a plan's saving survives"). These are sensitivities, not a calibrated interval: on BERT's plateau the runs ended
   below even the last row."""
+  return margin_rows(landing, slower, lambda dl, f: predict_wsd(
+      small, small_step_flops, small_steps, target_stable, target, target_step_flops, big_steps, steps, cooldown_frac,
+      jump + dl, rate * f))
+
+
+def margin_rows(landing: float, slower: float, predict) -> list[dict]:
+  """The three margin rows of a plan (``predict_margins``; the stacking plan's): the target landing ``landing`` nats
+  higher, learning at ``slower`` times its rate, then both, each priced by ``predict(landing, rate_factor)`` (a
+  ``predict_wsd``-like dict, or None where a curve does not reach)."""
   rows = []
   for dl, f in ((landing, 1.0), (0.0, slower), (landing, slower)):
-    p = predict_wsd(small, small_step_flops, small_steps, target_stable, target, target_step_flops, big_steps, steps,
-                    cooldown_frac, jump + dl, rate * f)
+    p = predict(dl, f)
     rows.append({"landing": dl, "rate_factor": f, "final_loss": p and p["final_loss"], "saving": p and p["saving"],
                  "at_least": bool(p and p["at_least"])})
   return rows

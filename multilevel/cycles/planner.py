@@ -155,11 +155,10 @@ def _curve_end(r: dict, lower: Sequence[Candidate], wsd: Wsd, jump: float) -> li
   """The measured curves a WSD hand-over stopped at the end of (a longer pilot of that model may find a later and
   better hand-over): the target's stable curve where the last growth lands, a smaller model's where it hands over."""
   out, last = [], [s for s in r["switch_losses"] if s is not None][-1]
-  tol = 1e-3 * (wsd.target.loss_range[1] - wsd.target.loss_range[0])
-  if last + jump <= wsd.target.loss_range[0] + tol:
+  if wsd.target.at_lowest(last + jump):
     out.append("the target's")
   for c, s in zip(lower, r["switch_losses"]):
-    if s is not None and s <= c.stable.loss_range[0] + 1e-3 * (c.stable.loss_range[1] - c.stable.loss_range[0]):
+    if s is not None and c.stable.at_lowest(s):
       out.append(f"{c.name}'s")
   return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from multilevel.cycles.growth import growth_rate, predict_chain_wsd, wsd_cost
+from multilevel.cycles.growth import growth_rate, margin_rows, predict_chain_wsd, wsd_cost
 from multilevel.cycles.pilots import Candidate
 
 # How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
@@ -75,6 +75,13 @@ def _fit_delay(pts: Sequence[tuple[float, float]]) -> tuple[float, float] | None
       return slope, delay
   r = through_origin()
   return (r, 0.0) if r > 0 else None
+
+
+def by_level(target_stable, target_step_flops: float, levels: Sequence[Candidate]) -> tuple[list, list[float]]:
+  """The stable curves and step FLOPs of a stacking run's models indexed by level, as ``stack_rates`` reads them
+  (level 0 the target, then ``levels`` from the deepest: ``levels`` is shallowest first)."""
+  return ([target_stable] + [c.stable for c in reversed(levels)],
+          [target_step_flops] + [c.step_flops for c in reversed(levels)])
 
 
 def rates_from_records(records: Sequence[dict], stables: Sequence, step_flops: Sequence[float]) -> list[dict | None]:
@@ -181,26 +188,17 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
          **scope, "predicted_flops": r["flops"], "predicted_saving": r["saving"], "stage_steps": stage_steps,
          "switch_losses": [r["switch_losses"][k] for k in used], "levels": [levels[k].name for k in used],
          "dropped": dropped, "curve_end": _curve_end(r, levels, wsd)}
-  out["margins"] = [
-      {"landing": dl, "rate_factor": f, "saving": (p := predict_stack(target, wsd, levels, target_step_flops, steps,
-                                                                       rates, r["steps"], r["big_steps"], dl, f,
-                                                                       delays)) and p["saving"],
-       "at_least": bool(p and p["at_least"])}
-      for dl, f in ((margins[0], 1.0), (0.0, margins[1]), (margins[0], margins[1]))]
+  out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
+      target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays))
   return out
 
 
 def _curve_end(r: dict, levels: Sequence[Candidate], wsd) -> list[str]:
   """The measured curves a priced hand-over sits at the end of (a longer pilot of that model may find a later and
   better one): a shallower model's where it hands over, the target's where the last doubling lands."""
-  out = []
-  for c, s in zip(levels, r["switch_losses"]):
-    lo, hi = c.stable.loss_range
-    if s is not None and s <= lo + 1e-3 * (hi - lo):
-      out.append(f"{c.name}'s")
+  out = [f"{c.name}'s" for c, s in zip(levels, r["switch_losses"]) if s is not None and c.stable.at_lowest(s)]
   last = [s for s in r["switch_losses"] if s is not None]
-  lo, hi = wsd.target.loss_range
-  if last and last[-1] <= lo + 1e-3 * (hi - lo):
+  if last and wsd.target.at_lowest(last[-1]):
     out.append("the target's")
   return out
 
