@@ -12,6 +12,11 @@ models' level runs of --levels, shallowest first, at the target's rate) against 
 eval before the growth to its last eval before the cool-down, fitted as rate x (steps - delay)
 (``multilevel.cycles.stack_planner.stack_rates``). Their means are what ``experiments.plan --stack_rates
 --stack_delays`` take.
+
+Per run it also reads the cool-down (``cooldowns``): the target's last eval before it (the knee), its final loss, and
+the loss the target's decayed frontier gives for the knee's place on the stable curve plus the FLOPs the run spent
+after the knee, which is what the plan prices a cool-down at. ``excess`` (nats) is how much lower the run ended than
+that: a stacked model that gains more in its cool-down than scratch does from the same loss shows a positive one.
 """
 
 from __future__ import annotations
@@ -40,14 +45,14 @@ def measure(a) -> dict:
   from multilevel.cycles import planner, stack_planner
   if not a.target or not a.levels or not a.runs:
     raise app.UsageError("Give --target (WSD scratch results), --levels (the shallower models' level runs) and --runs.")
-  _, step, _ = planner.target_from_saving(a.target)
+  target, step, _ = planner.target_from_saving(a.target)
   stable = planner.target_stable_from_saving(a.target, a.cooldown_frac)
   try:
     levels = [planner.candidate_from_bound(p, None, True, lr_scale=1.0) for p in a.levels]
   except (ValueError, OSError) as e:
     raise app.UsageError(f"--levels: {e}") from None
   stables, steps_of = stack_planner.by_level(stable, step, levels)
-  rows, by_level = [], {}
+  rows, by_level, cooldowns = [], {}, []
   for path in a.runs:
     with open(path) as f:
       d = json.load(f)
@@ -64,12 +69,29 @@ def measure(a) -> dict:
                        "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
                        "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]])})
           by_level.setdefault(r["level"], []).append(r)
+        c = cooldown(v["curve"], v["total_flops"], knee, stable, target)
+        if c is not None:
+          cooldowns.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, **c})
   n = len(levels)
   mean = lambda k, lv: statistics.mean(r[k] for r in by_level[lv]) if by_level.get(lv) else None
   out = {"command": cli.command("benchmarks.stack_rates"), "rows": rows,
          "rates": [mean("rate", lv) for lv in range(n - 1, -1, -1)],  # Shallowest growth first, the target's last.
-         "delays": [mean("delay", lv) for lv in range(n - 1, -1, -1)]}
+         "delays": [mean("delay", lv) for lv in range(n - 1, -1, -1)], "cooldowns": cooldowns}
   return out
+
+
+def cooldown(curve, total_flops: float, knee: float, stable, target) -> dict | None:
+  """The cool-down of a run whose ``curve`` (rows of FLOPs, seconds, eval loss, level) ends in the target (level
+  0): its last target eval at or before ``knee`` FLOPs, its final eval, and the target's decayed frontier read at
+  the knee's place on ``stable`` plus the FLOPs after the knee. None where a curve does not reach."""
+  at_knee = [p for p in curve if int(p[3]) == 0 and p[0] <= knee * (1 + 1e-9)]
+  if not at_knee or int(curve[-1][3]) != 0:
+    return None
+  k, final = at_knee[-1], curve[-1][2]
+  pos = stable.cost(k[2])
+  priced = None if pos is None else target.loss_at(pos + total_flops - k[0])
+  return {"knee_loss": k[2], "final_loss": final, "priced_final": priced,
+          "excess": None if priced is None else priced - final}
 
 
 def table(d: dict) -> str:
@@ -80,6 +102,14 @@ def table(d: dict) -> str:
                  f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} |")
   fmt = lambda xs: ",".join("?" if x is None else f"{x:.3g}" for x in xs)
   lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}")
+  cools = d.get("cooldowns") or []
+  if cools:
+    lines += ["", "| run | T | variant | loss at the cool-down's start | final loss | priced from there | excess (nats) |",
+              "|---|---|---|---|---|---|---|"]
+    num = lambda x: "n/a" if x is None else f"{x:.3f}"
+    for c in cools:
+      lines.append(f"| {c['run']} | {c['T']} | {c['variant']} | {c['knee_loss']:.3f} | {c['final_loss']:.3f} | "
+                   f"{num(c['priced_final'])} | {num(c['excess'])} |")
   return "\n".join(lines)
 
 

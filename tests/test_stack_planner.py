@@ -30,9 +30,10 @@ def level(name, stable, step, lr_scale=1.0, steps=4000):
 LEVELS = [level("quarter", QUARTER, Q_STEP), level("half", HALF, H_STEP)]
 
 
-def brute_force(steps, rates, grid=160, cool_frac=0.2):
+def brute_force(steps, rates, grid=160, cool_frac=0.2, floor=0):
   """The cheapest chain of doublings (quarter -> half -> target, or half -> target) by enumerating both hand-over
-  losses, written out independently of the dynamic programme."""
+  losses, written out independently of the dynamic programme; with ``floor``, only chains whose every smaller
+  model trains at least that many steps."""
   cool = round(cool_frac * steps)
   knee = (steps - cool) * STEP
   losses = [6.0 - 2.7 * i / (grid - 1) for i in range(grid)]
@@ -48,14 +49,16 @@ def brute_force(steps, rates, grid=160, cool_frac=0.2):
     t = target_part(s1)
     if t is None or HALF.cost(s1) is None:
       continue
-    options = [round(HALF.cost(s1) / H_STEP) * H_STEP]  # The chain starts at half depth.
+    options = [round(HALF.cost(s1) / H_STEP) * H_STEP] if HALF.cost(s1) >= floor * H_STEP else []  # From half depth.
     for s0 in losses:
-      if s0 <= s1 or QUARTER.cost(s0) is None:
+      if s0 <= s1 or QUARTER.cost(s0) is None or QUARTER.cost(s0) < floor * Q_STEP:
         continue
-      n1 = round((HALF.cost(s1) - HALF.cost(s0)) / rates[0] / H_STEP)
-      options.append(round(QUARTER.cost(s0) / Q_STEP) * Q_STEP + n1 * H_STEP + H_STEP)
-    total = min(options) + t
-    best = total if best is None else min(best, total)
+      n1 = (HALF.cost(s1) - HALF.cost(s0)) / rates[0] / H_STEP
+      if n1 >= floor:
+        options.append(round(QUARTER.cost(s0) / Q_STEP) * Q_STEP + round(n1) * H_STEP + H_STEP)
+    if options:
+      total = min(options) + t
+      best = total if best is None else min(best, total)
   return best
 
 
@@ -65,6 +68,17 @@ def test_a_chain_of_doublings_is_priced_at_the_cheapest_pair_of_hand_overs(rates
                       adjacent=True)
   assert r["flops"] == pytest.approx(brute_force(8000, rates), rel=3e-3)
   assert r["steps"][1] > 0  # The target grows from the half-depth model, never straight from the quarter.
+
+
+@pytest.mark.parametrize("floor", [1600, 2400, 3600])
+def test_a_floor_on_every_stage_prices_the_cheapest_chain_that_keeps_it(floor):
+  # Without a floor the quarter trains 949 steps; with one, each smaller model trains at least ``floor`` steps or
+  # none (at 3600 the quarter is left out).
+  r = growth.wsd_cost([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, 1.0], STABLE, STEP, 8000, 0.2, 1.0, adjacent=True,
+                      min_steps=floor)
+  assert all(n == 0 or n >= floor for n in r["steps"]) and r["steps"][1] > 0
+  assert (r["steps"][0] == 0) == (floor == 3600)
+  assert r["flops"] == pytest.approx(brute_force(8000, (1.0, 1.0), floor=floor), rel=3e-3)
 
 
 def test_adjacent_chains_never_skip_a_doubling():
@@ -221,14 +235,19 @@ def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_pat
   top = grown_curve(0.9, half[-1][2], half[-1][0], 0, STABLE, STEP, 4, delay=20)[1:]
   # The run's cool-down (the last 20% of its budget's steps) starts after its last eval here.
   total = top[-1][0] + 0.25 * 1000 * STEP
+  # Its final eval 0.02 nats under what scratch's frontier gives for the cool-down from its last eval before it.
+  priced = DECAYED.loss_at(STABLE.cost(top[-1][2]) + total - top[-1][0])
   runs = tmp_path / "runs.json"
   runs.write_text(json.dumps({"budgets": [{"steps": 1000, "variants": {"planned": {
-      "total_flops": total, "curve": [[5e11, 0.0, 5.9, 2]] + half + top}}}]}))
+      "total_flops": total, "curve": [[5e11, 0.0, 5.9, 2]] + half + top + [[total, 0.0, priced - 0.02, 0]]}}}]}))
   a = cli.parse(stack_rates.define_flags, [f"--target={target}", f"--levels={','.join(files)}", f"--runs={runs}"])
   d = stack_rates.measure(a)
   assert d["rates"] == [pytest.approx(1.3, rel=1e-3), pytest.approx(0.9, rel=1e-3)]
   assert d["delays"] == [pytest.approx(30, abs=0.1), pytest.approx(20, abs=0.1)]
   assert [r["level"] for r in d["rows"]] == [1, 0] and "--stack_rates=1.3,0.9" in stack_rates.table(d)
+  (c,) = d["cooldowns"]
+  assert c["knee_loss"] == top[-1][2] and c["priced_final"] == pytest.approx(priced, abs=1e-3)
+  assert c["excess"] == pytest.approx(0.02, abs=1e-3) and "| 0.020 |" in stack_rates.table(d)
 
 
 def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_path):
@@ -314,14 +333,19 @@ def test_the_plan_command_runs_stacking_pilots_at_the_targets_rate(tmp_path):
   assert [s.steps for s in built.stages] == p["stage_steps"] and c.train.steps == sum(p["stage_steps"])
 
 
-def test_a_stage_priced_too_short_is_dropped_with_the_models_below_it():
+def test_a_stage_priced_too_short_is_lengthened_or_left_out():
   wsd = planner.Wsd(STABLE, 0.2)
   full = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0])
   assert len(full["stage_steps"]) == 3 and full["dropped"] == [] and 400 < full["stage_steps"][0] < 1600
-  # The quarter-depth stage is shorter than a fifth of the budget: the chain starts at half depth instead.
+  # Every stage at least a fifth of the budget: the quarter-depth stage is lengthened to it (a chain through it
+  # still pays more than one without it), for a smaller saving.
   p = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], min_stage_frac=0.2)
-  assert p["dropped"] == ["quarter"] and p["levels"] == ["half"] and len(p["stage_steps"]) == 2
-  alone = stack_planner.plan_stack(DECAYED, wsd, LEVELS[1:], STEP, 8000, [1.0])
-  assert p["stage_steps"] == alone["stage_steps"] and p["predicted_saving"] == alone["predicted_saving"]
-  assert p["overrides"]["cycle.stackbert.stages"] == 2 and "quarter left out" in planner.describe(
-      {**p, "pilot_flops": 0.0, "net_saving": p["predicted_saving"]})
+  assert p["levels"] == ["quarter", "half"] and min(p["stage_steps"][:2]) >= 1600 and p["dropped"] == []
+  assert p["predicted_saving"] < full["predicted_saving"]
+  # At 45% the quarter would take more than it saves: the chain starts at half depth.
+  far = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], min_stage_frac=0.45)
+  assert far["dropped"] == ["quarter"] and far["levels"] == ["half"] and far["stage_steps"][0] >= 3600
+  alone = stack_planner.plan_stack(DECAYED, wsd, LEVELS[1:], STEP, 8000, [1.0], min_stage_frac=0.45)
+  assert far["stage_steps"] == alone["stage_steps"] and far["predicted_saving"] == alone["predicted_saving"]
+  assert far["overrides"]["cycle.stackbert.stages"] == 2 and "quarter left out" in planner.describe(
+      {**far, "pilot_flops": 0.0, "net_saving": far["predicted_saving"]})

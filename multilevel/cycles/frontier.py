@@ -124,15 +124,17 @@ def check_rates(rates: Sequence[float] | None, n: int) -> tuple[float, ...]:
 
 
 def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, rates: Sequence[float],
-               adjacent: bool = False, delays: Sequence[float] | None = None
-               ) -> tuple[list[list[float]], list[list[tuple | None]]]:
+               adjacent: bool = False, delays: Sequence[float] | None = None,
+               min_flops: Sequence[float] | None = None) -> tuple[list[list[float]], list[list[tuple | None]]]:
   """The dynamic programme of ``ideal_cost`` on the descending grid ``losses``: ``best[k][i]``, the fewest FLOPs
   that put model k at ``losses[i]`` (from scratch, or grown from a smaller model j < k at a grid loss above), and
   ``back[k][i]``, ``(j, i')`` for the hand-over used (None: from scratch). With ``adjacent`` model k grows only from
   model k - 1 (a chain of doublings, as stacking grows: a model may start the chain, none may be jumped over).
   ``delays[k]``: FLOPs model k spends after growing before it moves on (a recovery from the growth), added to every
-  hand-over into it."""
+  hand-over into it. ``min_flops[k]``: the fewest FLOPs a stage of model k may spend (its delay included); shorter
+  stages, a model passed through for a step or two among them, are not priced (none by default)."""
   delays = [0.0] * len(chain) if delays is None else [float(d) for d in delays]
+  floors = [0.0] * len(chain) if min_flops is None else [float(m) for m in min_flops]
   inf, grid = math.inf, len(losses)
   costs = [[f.cost(l) for l in losses] for f in chain]
   # Where a model lands when it takes over at grid loss L' (its own cost to reach L' + jump).
@@ -142,15 +144,25 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
   sources = (lambda k: range(k - 1, k) if k else range(0)) if adjacent else range
   for k in range(len(chain)):
     r = rates[k]
-    run_min, arg = [inf] * len(chain), [None] * len(chain)  # min over L' >= L of best[j](L') - F_k(L')/r, per j.
+    # Model k's stage from a hand-over at L' to L trains (F_k(L) - land_k(L')) / r + delay FLOPs, at least its
+    # floor: land_k(L') <= F_k(L) - need. The hand-overs allowed grow with i (the grid descends in loss, so F_k
+    # ascends), so each source keeps a pointer ``upto`` and the min over L' up to it of best[j](L') - land_k(L')/r.
+    need = r * (floors[k] - delays[k])
+    run_min, arg, upto = [inf] * len(chain), [None] * len(chain), [0] * len(chain)
     for i in range(grid):
-      ck, lk = costs[k][i], lands[k][i]
+      ck = costs[k][i]
       for j in sources(k):
-        if best[j][i] < inf and lk is not None and best[j][i] - lk / r < run_min[j]:
-          run_min[j], arg[j] = best[j][i] - lk / r, i
+        while upto[j] <= i:
+          lk = lands[k][upto[j]]
+          if lk is not None and ck is not None and lk > ck - need:
+            break  # Later hand-overs land later still: the stage to here would be too short.
+          if best[j][upto[j]] < inf and lk is not None and best[j][upto[j]] - lk / r < run_min[j]:
+            run_min[j], arg[j] = best[j][upto[j]] - lk / r, upto[j]
+          upto[j] += 1
       if ck is None:
         continue
-      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
+      if ck >= floors[k]:
+        best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
       for j in sources(k):
         if run_min[j] < inf and run_min[j] + ck / r + delays[k] < best[k][i]:
           best[k][i], back[k][i] = run_min[j] + ck / r + delays[k], (j, arg[j])

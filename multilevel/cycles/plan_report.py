@@ -41,8 +41,8 @@ def _describe_stack(plan: dict) -> str:
     lines.append(f"  {stages}: train.steps={plan['overrides']['train.steps']}, one WSD schedule, the target's "
                  f"stage holding the whole cool-down")
     if plan.get("dropped"):
-      lines.append(f"  {', '.join(plan['dropped'])} left out: the cheapest chain through them gave a stage too short "
-                   f"to be what the rates were measured on")
+      lines.append(f"  {', '.join(plan['dropped'])} left out: every chain through them that is cheaper has a stage "
+                   f"too short to be what the rates were measured on")
     if plan.get("curve_end"):
       lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
                    f"longer pilot of that model may find a later, better one")

@@ -133,10 +133,10 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   or one for all), which the planned run keeps: that of the level its first stage trains.
 
   ``min_big_frac``: the fewest steps the target trains, as a share of ``steps`` (its cool-down is always inside
-  them). ``min_stage_frac``: the shortest stage a plan may have, as a share of ``steps``. A shorter one (the cheapest
-  chain often passes through a model for a step or two: a doubling skipped in all but name) is not what the rates
-  were measured on, so the chain is priced again without the models below it (``dropped`` names them; the first
-  model itself where its own stage is the short one).
+  them). ``min_stage_frac``: the shortest stage a plan may have, as a share of ``steps``. The cheapest chain with no
+  such floor often passes through a model for a step or two (a doubling skipped in all but name), which is not what
+  the rates were measured on, so only chains whose every stage is at least that long are priced; the shallowest
+  models may be left out (``dropped`` names those the floor left out of a chain that would otherwise use them).
 
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
   with ``stage_steps`` and ``switch_losses``, and ``margins``: the saving if every stacked model lands
@@ -149,23 +149,14 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   cool = max(1, round(wsd.cooldown_frac * steps))
   min_big = max(round(min_big_frac * steps), cool, 1)
   min_stage = max(1, round(min_stage_frac * steps))
-  r, start, dropped = None, 0, []
-  while start < len(levels):  # The chain from levels[start] up; a stage it prices too short drops the models below
-    # it (they took it almost to where it hands over), or itself where it is the first.
-    chain = levels[start:]
-    r = wsd_cost([c.stable for c in chain], [c.step_flops for c in chain],
-                 [1.0] + [float(x) for x in rates[start:-1]], wsd.target, target_step_flops, steps,
-                 wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
-                 delays=[0.0] + delays[start:-1], target_delay=delays[-1])
-    short = [] if r is None else [k for k, n in enumerate(r["steps"]) if 0 < n < min_stage]
-    if not short:
-      break
-    cut = max(short[-1], 1)
-    dropped += [c.name for c in chain[:cut]]
-    start += cut
-    r = None
-  if r is not None:  # In the indices of ``levels``.
-    r = dict(r, steps=[0] * start + list(r["steps"]), switch_losses=[None] * start + list(r["switch_losses"]))
+  price = lambda floor: wsd_cost(
+      [c.stable for c in levels], [c.step_flops for c in levels], [1.0] + [float(x) for x in rates[:-1]], wsd.target,
+      target_step_flops, steps, wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
+      delays=[0.0] + delays[:-1], target_delay=delays[-1], min_steps=floor)
+  r, free = price(min_stage), price(0)
+  # The models the floor left out: those the chain priced without it uses and this one skips.
+  dropped = [] if r is None or free is None else [c.name for c, a, b in zip(levels, free["steps"], r["steps"])
+                                                  if a and not b]
   scope = {"pricing": f"stacking under WSD: stable curves at train.lr, cool-down {wsd.cooldown_frac:g}, rates "
                       f"{[round(float(x), 3) for x in rates]} after delays {[round(d) for d in delays]} steps, from "
                       f"the loss before each doubling; the target at least {min_big} steps",
