@@ -101,6 +101,9 @@ _STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked
                                   "its doubling before it learns at its rate, one per doubling (default 0 each).")
 _STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
                                        "target, as a share of --steps (its cool-down is always inside them).")
+_STACK_MIN_STAGE = flags.DEFINE_float("stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
+                                      "plan trains, as a share of --steps: only chains whose every stage is that "
+                                      "long are priced (the rates are measured on real stages, not a step or two).")
 _STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Instead of --stack_rates and --stack_delays: workdirs "
                                       "of earlier cycle.method=stackbert runs of this config; each doubling's rate "
                                       "and delay are fitted on the pilots' stable curves (their mean over the runs).")
@@ -162,8 +165,9 @@ def main(argv):
   methods = _METHODS.value
   if any(m not in METHODS for m in methods):
     raise app.UsageError(f"--methods={','.join(methods)}: choose one or more of {list(METHODS)}.")
-  if not 0 < _STACK_MIN_TARGET.value < 1:
-    raise app.UsageError(f"--stack_min_target_frac is a share of the steps in (0, 1), got {_STACK_MIN_TARGET.value}.")
+  for flag in (_STACK_MIN_TARGET, _STACK_MIN_STAGE):
+    if not 0 < flag.value < 1:
+      raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
   if _STACK_DOUBLINGS.value < 1:
     raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
@@ -294,7 +298,8 @@ def main(argv):
                                         small_pilots, seeds, run, record)
     if levels:
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
-                                            stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value, margins,
+                                            stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
+                                            _STACK_MIN_STAGE.value, margins,
                                             record, base))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "

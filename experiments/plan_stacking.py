@@ -60,10 +60,10 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
-               min_target_frac: float, margins, record, base) -> dict:
+               min_target_frac: float, min_stage_frac: float, margins, record, base) -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays, or measured
   from the run directories ``rates_from``: --stack_rates_from), the target held to ``min_target_frac`` of the
-  steps, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  steps, each shallower stage to ``min_stage_frac``, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
   from multilevel.cycles import stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
@@ -96,7 +96,8 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
   warm = [round((c.pilot_warmup_frac or float(base.train.warmup_frac)) * c.stable_steps) for c in levels]
   try:
     p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
-                                 min_big_frac=min_target_frac, warmup_steps=warm, margins=margins)
+                                 min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
+                                 margins=margins)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)

@@ -265,16 +265,18 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8000", "--set=train.decay=wsd",
           "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert", f"--stack_from={','.join(files)}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rates_from={run}"], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rates_from={run}", "--stack_min_stage_frac=0.2"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   d = json.loads((tmp_path / "w" / "plan.json").read_text())
   m = d["stack_rates_measured"]
   assert m["rates"] == [pytest.approx(1.0, rel=1e-3), pytest.approx(0.95, rel=1e-3)]
   assert m["delays"] == [pytest.approx(0, abs=0.1), pytest.approx(40, abs=0.1)]
   p = d["plan"]
-  want = stack_planner.plan_stack(DECAYED, planner.Wsd(STABLE, 0.2), LEVELS, STEP, 8000, m["rates"], m["delays"])
+  want = stack_planner.plan_stack(DECAYED, planner.Wsd(STABLE, 0.2), LEVELS, STEP, 8000, m["rates"], m["delays"],
+                                  min_stage_frac=0.2)  # Every shallower stage at least a fifth of the budget.
   assert p["stage_steps"] == want["stage_steps"] and p["predicted_saving"] == pytest.approx(want["predicted_saving"])
+  assert min(p["stage_steps"][:-1]) >= 1600
   assert p["budget"] == 8000 and "plan: stackbert from" in r.stdout
   from experiments.configs.common import load_config
   c = load_config(str(tmp_path / "w" / "plan_config.py"))
@@ -294,6 +296,9 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--stack_rates=0.9"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "give one per doubling" in bad.stderr
+  floor = subprocess.run(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert floor.returncode != 0 and "--stack_min_stage_frac is a share of the steps in (0, 1)" in floor.stderr
   odd = subprocess.run(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert odd.returncode != 0 and "a chain of doublings into the target's 4" in odd.stderr
