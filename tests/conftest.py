@@ -1,6 +1,6 @@
 """Shared pytest setup: the repository importable without installing it, nothing on the network, JAX on the CPU with
-strict rank promotion, and one persistent compilation cache for the whole run (the in-process tests and the command
-line subprocesses compile the same tiny steps; later ones load them instead of compiling again)."""
+strict rank promotion, and one persistent compilation cache for the command-line subprocesses of the whole run (they
+compile the same tiny steps; later ones load them instead of compiling again)."""
 
 import os
 import sys
@@ -24,6 +24,11 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # Implicit broadcasting of ranks is a bug here.
+# The persistent cache serves the command-line subprocesses (the environment above); the pytest processes keep their
+# compiled steps in memory. Writing them to the cache too crashed a worker twice (2026-12-06: a segfault inside XLA's
+# executable.serialize() while caching a V-cycle's train step, after an unknown mix of earlier tests in that worker;
+# the test alone passes).
+jax.config.update("jax_enable_compilation_cache", False)
 
 import pytest  # noqa: E402
 
