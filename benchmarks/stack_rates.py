@@ -11,7 +11,8 @@ stacked model's position on its own stable curve (the target's longest WSD scrat
 models' level runs of --levels, shallowest first, at the target's rate) against the steps it trained, from the last
 eval before the growth to its last eval before the cool-down, fitted as rate x (steps - delay)
 (``multilevel.cycles.stack_planner.stack_rates``). Their means are what ``experiments.plan --stack_rates
---stack_delays`` take.
+--stack_delays`` take, with the mean loss before each doubling (``--stack_rates_at``: the plan says where it hands
+over far from it).
 
 Per run it also reads the cool-down (``cooldowns``): the target's last eval before it (the knee), its final loss, and
 the loss the target's decayed frontier gives for the knee's place on the stable curve plus the FLOPs the run spent
@@ -76,7 +77,8 @@ def measure(a) -> dict:
   mean = lambda k, lv: statistics.mean(r[k] for r in by_level[lv]) if by_level.get(lv) else None
   out = {"command": cli.command("benchmarks.stack_rates"), "rows": rows,
          "rates": [mean("rate", lv) for lv in range(n - 1, -1, -1)],  # Shallowest growth first, the target's last.
-         "delays": [mean("delay", lv) for lv in range(n - 1, -1, -1)], "cooldowns": cooldowns}
+         "delays": [mean("delay", lv) for lv in range(n - 1, -1, -1)],
+         "at": [mean("handover_loss", lv) for lv in range(n - 1, -1, -1)], "cooldowns": cooldowns}
   return out
 
 
@@ -101,7 +103,8 @@ def table(d: dict) -> str:
     lines.append(f"| {r['run']} | {r['T']} | {r['variant']} | {r['level']} | {r['handover_loss']:.3f} | "
                  f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} |")
   fmt = lambda xs: ",".join("?" if x is None else f"{x:.3g}" for x in xs)
-  lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}")
+  lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}"
+               + (f" --stack_rates_at={fmt(d['at'])}" if d.get("at") else ""))
   cools = d.get("cooldowns") or []
   if cools:
     lines += ["", "| run | T | variant | loss at the cool-down's start | final loss | priced from there | excess (nats) |",

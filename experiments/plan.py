@@ -21,8 +21,9 @@ pilots' stable curves (their evals before the cool-down) with the growth rates o
 Under WSD pricing it also prices stacking (--methods; ``multilevel.cycles.stack_planner``): StackBERT's depth
 doublings with halved copies, from pilots of the target at half, a quarter, ... of its depth at train.lr
 (``experiments/plan_stacking.py``), each doubling priced from the loss before it with the rate and delay of
---stack_rates / --stack_delays (``benchmarks/stack_rates.py`` measures them) or --stack_rates_from. The plan is
-whichever schedule is predicted to save most; plan.json keeps the other as ``alternatives``.
+--stack_rates / --stack_delays (``benchmarks/stack_rates.py`` measures them) or --stack_rates_from. A rate holds near
+the hand-over it was measured after, so the plan says where it hands over far from those losses (--stack_rates_at).
+The plan is whichever schedule is predicted to save most; plan.json keeps the other as ``alternatives``.
 
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
 """
@@ -99,6 +100,9 @@ _STACK_RATES = flags.DEFINE_list("stack_rates", [], "R,...: how fast each stacke
                                  "(benchmarks.stack_rates; benchmarks/SAVINGS.md).")
 _STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked model first spends recovering from "
                                   "its doubling before it learns at its rate, one per doubling (default 0 each).")
+_STACK_RATES_AT = flags.DEFINE_list("stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
+                                    "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
+                                    "says where it hands over far from them (a rate holds near where it was measured).")
 _STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
                                        "target, as a share of --steps (its cool-down is always inside them).")
 _STACK_MIN_STAGE = flags.DEFINE_float("stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
@@ -222,6 +226,10 @@ def main(argv):
     raise app.UsageError("--stack_from gives stacking's pilots; add stackbert to --methods.")
   stack_rates = plan_stacking.float_list(_STACK_RATES.value, "--stack_rates")
   stack_delays = plan_stacking.float_list(_STACK_DELAYS.value, "--stack_delays", zero=True)
+  stack_at = plan_stacking.float_list(_STACK_RATES_AT.value, "--stack_rates_at", what="finite positive losses")
+  if stack_at and _STACK_RATES_FROM.value:
+    raise app.UsageError("--stack_rates_at gives the losses --stack_rates were measured from; with "
+                         "--stack_rates_from they are those runs': drop one of the two.")
   if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
     raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
 
@@ -299,8 +307,7 @@ def main(argv):
     if levels:
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
                                             stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
-                                            _STACK_MIN_STAGE.value, margins,
-                                            record, base))
+                                            _STACK_MIN_STAGE.value, margins, record, base, stack_at or None))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

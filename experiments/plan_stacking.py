@@ -10,14 +10,16 @@ import os
 from absl import app
 
 
-def float_list(values: list, flag: str, zero: bool = False) -> list[float]:
+def float_list(values: list, flag: str, zero: bool = False, what: str = "") -> list[float]:
+  """``values`` as floats, each finite and positive (>= 0 with ``zero``), or a usage error naming ``flag`` and
+  ``what`` it takes."""
   try:
     out = [float(v) for v in values]
   except ValueError:
     out = [math.nan]
   if not all(math.isfinite(v) and (v >= 0 if zero else v > 0) for v in out):
-    raise app.UsageError(f"{flag}={','.join(values)}: give " + ("finite numbers of steps >= 0." if zero else
-                                                                 "finite positive rates (1 = as fast as scratch)."))
+    what = what or ("finite numbers of steps >= 0" if zero else "finite positive rates (1 = as fast as scratch)")
+    raise app.UsageError(f"{flag}={','.join(values)}: give {what}.")
   return out
 
 
@@ -60,10 +62,11 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
-               min_target_frac: float, min_stage_frac: float, margins, record, base) -> dict:
+               min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None) -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays, or measured
-  from the run directories ``rates_from``: --stack_rates_from), the target held to ``min_target_frac`` of the
-  steps, each shallower stage to ``min_stage_frac``, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  from the run directories ``rates_from``: --stack_rates_from) and the losses they were measured from (--stack_rates_at,
+  or those runs'), the target held to ``min_target_frac`` of the steps, each shallower stage to ``min_stage_frac``,
+  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
   from multilevel.cycles import stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
@@ -80,15 +83,18 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                              f"--growth_rates_from).")
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
         if r is not None:
-          measured.setdefault(r["level"], []).append((r["rate"], r["delay"]))
+          measured.setdefault(r["level"], []).append((r["rate"], r["delay"], r["handover_loss"]))
     mean = lambda lv, i, default: (sum(m[i] for m in measured[lv]) / len(measured[lv]) if measured.get(lv)
                                    else default)
     rates = [mean(lv, 0, 1.0) for lv in range(n - 1, -1, -1)]  # Shallowest growth first: level n-1, ..., 0.
     delays = [mean(lv, 1, 0.0) for lv in range(n - 1, -1, -1)]
-    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays,
+    # A doubling none of the runs made has no measured loss: nothing to check the plan's hand-over against.
+    at = [mean(lv, 2, math.nan) for lv in range(n - 1, -1, -1)]
+    rates_at = None if any(math.isnan(x) for x in at) else at
+    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays, "at": at,
                                       "by_level": {str(k): v for k, v in measured.items()}}
   rates, delays = rates or [1.0] * n, delays or [0.0] * n
-  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays)):
+  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at or [0] * n)):
     if len(values) != n:
       raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
                            f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
@@ -97,7 +103,7 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
   try:
     p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
                                  min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
-                                 margins=margins)
+                                 margins=margins, rates_at=rates_at)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)

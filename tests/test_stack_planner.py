@@ -245,6 +245,8 @@ def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_pat
   assert d["rates"] == [pytest.approx(1.3, rel=1e-3), pytest.approx(0.9, rel=1e-3)]
   assert d["delays"] == [pytest.approx(30, abs=0.1), pytest.approx(20, abs=0.1)]
   assert [r["level"] for r in d["rows"]] == [1, 0] and "--stack_rates=1.3,0.9" in stack_rates.table(d)
+  # The loss before each doubling, which the plan checks its hand-overs against.
+  assert d["at"] == [5.5, half[-1][2]] and f"--stack_rates_at=5.5,{half[-1][2]:.3g}" in stack_rates.table(d)
   (c,) = d["cooldowns"]
   assert c["knee_loss"] == top[-1][2] and c["priced_final"] == pytest.approx(priced, abs=1e-3)
   assert c["excess"] == pytest.approx(0.02, abs=1e-3) and "| 0.020 |" in stack_rates.table(d)
@@ -278,6 +280,9 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   assert p["stage_steps"] == want["stage_steps"] and p["predicted_saving"] == pytest.approx(want["predicted_saving"])
   assert min(p["stage_steps"][:-1]) >= 1600
   assert p["budget"] == 8000 and "plan: stackbert from" in r.stdout
+  # The run's losses before its doublings are what the plan's hand-overs are checked against.
+  assert m["at"] == [5.5, pytest.approx(half[-1][2])]
+  assert [x["measured_at"] for x in p["rates_near"]] == m["at"][-len(p["rates_near"]):]
   from experiments.configs.common import load_config
   c = load_config(str(tmp_path / "w" / "plan_config.py"))
   assert c.cycle.method == "stackbert" and c.train.steps == sum(p["stage_steps"])
@@ -299,6 +304,9 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   floor = subprocess.run(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
   assert floor.returncode != 0 and "--stack_min_stage_frac is a share of the steps in (0, 1)" in floor.stderr
+  both = subprocess.run(args + [f"--workdir={tmp_path / 'a'}", f"--stack_rates_from={run}", "--stack_rates_at=5,4"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert both.returncode != 0 and "with --stack_rates_from they are those runs'" in both.stderr
   odd = subprocess.run(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert odd.returncode != 0 and "a chain of doublings into the target's 4" in odd.stderr
@@ -354,3 +362,34 @@ def test_a_stage_priced_too_short_is_lengthened_or_left_out():
   assert far["stage_steps"] == alone["stage_steps"] and far["predicted_saving"] == alone["predicted_saving"]
   assert far["overrides"]["cycle.stackbert.stages"] == 2 and "quarter left out" in planner.describe(
       {**far, "pilot_flops": 0.0, "net_saving": far["predicted_saving"]})
+
+
+def test_a_plan_says_where_it_hands_over_far_from_where_its_rates_were_measured():
+  wsd = planner.Wsd(STABLE, 0.2)
+  p = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0])
+  report = lambda plan: planner.describe({**plan, "pilot_flops": 0.0, "net_saving": plan["predicted_saving"]})
+  assert p["rates_near"] is None and "--stack_rates_at" in report(p) and "nothing checks" in report(p)
+  # Rates measured from the plan's own hand-overs: near, and the plan (priced on the same rates) is the same.
+  own = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=p["switch_losses"])
+  assert own["stage_steps"] == p["stage_steps"] and own["predicted_saving"] == p["predicted_saving"]
+  assert [r["ratio"] for r in own["rates_near"]] == [pytest.approx(1.0), pytest.approx(1.0)]
+  assert not any(r["far"] for r in own["rates_near"]) and "note: the rate of" not in report(own)
+  # The quarter-depth rate measured after a stage 4x as long as the plan's (LLaMA's case): that doubling is far.
+  quarter_at = QUARTER.cost(p["switch_losses"][0])
+  longer = QUARTER.loss_at(4 * quarter_at)
+  r = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=[longer, p["switch_losses"][1]])
+  first, second = r["rates_near"]
+  assert first["doubling"] == "quarter -> half" and first["far"] and first["ratio"] == pytest.approx(0.25, rel=1e-3)
+  assert first["measured_steps"] == pytest.approx(4 * quarter_at / Q_STEP, rel=1e-3) and not second["far"]
+  assert "note: the rate of quarter -> half was measured from loss" in report(r) and "0.25x" in report(r)
+  assert "half -> the target" not in report(r)
+  # A loss off the shallower model's curve cannot be placed: far, said so.
+  off = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=[9.0, p["switch_losses"][1]])
+  assert off["rates_near"][0]["far"] and off["rates_near"][0]["ratio"] is None and "off its curve" in report(off)
+  # Only the doublings the chain makes are checked (a chain from half depth makes one).
+  alone = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], min_stage_frac=0.45,
+                                   rates_at=[longer, p["switch_losses"][1]])
+  assert [x["doubling"] for x in alone["rates_near"]] == ["half -> the target"]
+  for bad in ([5.0], [5.0, math.nan]):
+    with pytest.raises(ValueError, match="one finite loss per doubling"):
+      stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=bad)

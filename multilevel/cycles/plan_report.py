@@ -46,6 +46,7 @@ def _describe_stack(plan: dict) -> str:
     if plan.get("curve_end"):
       lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
                    f"longer pilot of that model may find a later, better one")
+    lines += _rates_near(plan)
   else:
     lines.append(f"why scratch: {plan['why']}")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
@@ -56,6 +57,28 @@ def _describe_stack(plan: dict) -> str:
                  f"{m[1]['rate_factor']:g}x its rate: {_saving(m[1])}; both: {_saving(m[2])}"
                  + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))
   return "\n".join(lines)
+
+
+def _rates_near(plan: dict) -> list[str]:
+  """Where a stacking plan hands over far from where its rates were measured (``stack_planner.rates_near``), or that
+  nothing checked it (a plan made without the rates' hand-over losses)."""
+  if "rates_near" not in plan:  # A plan written before the check.
+    return []
+  if plan["rates_near"] is None:
+    return ["  note: the losses the rates were measured from are not given (--stack_rates_at, which "
+            "benchmarks.stack_rates prints), so nothing checks that this plan hands over near them"]
+  steps = lambda x: "off its curve" if x is None else f"{x:.0f} steps"
+  out = []
+  for r in plan["rates_near"]:
+    if r["far"]:
+      src = r["doubling"].split(" -> ")[0]
+      out.append(f"  note: the rate of {r['doubling']} was measured from loss {r['measured_at']:.3f} "
+                 f"({steps(r['measured_steps'])} of {src}'s scratch curve) and this plan hands over at "
+                 f"{r['planned_at']:.3f} ({steps(r['planned_steps'])}"
+                 + ("" if r["ratio"] is None else f", {r['ratio']:.2g}x") + "): a rate holds near where it was "
+                 "measured (LLaMA: 3.0x after 320 steps of 1 layer, 1.0-1.2x after 80), so run this plan, measure "
+                 "its rates (--stack_rates_from=its workdir) and plan again")
+  return out
 
 
 def _describe_vcycle(plan: dict) -> str:

@@ -32,6 +32,10 @@ from multilevel.cycles.pilots import Candidate
 # "Stacking with longer shallow stages and halved copies"): halved copies added 2-4 points on every seed.
 GROWTH = "scaled"
 ORDER = "stride"
+# How far (as a factor on the shallower model's position on its own scratch curve) a planned hand-over may sit from
+# the one its doubling's rate was measured at before the plan says so: LLaMA's 2-layer model learned at 3.03x after a
+# 320-step 1-layer stage and at 1.0-1.2x after an 80-step one (benchmarks/SAVINGS.md, "A floor on every stage").
+RATES_SPAN = 2.0
 
 
 def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops: Sequence[float],
@@ -122,7 +126,7 @@ def _check(levels: Sequence[Candidate], rates: Sequence[float], delays: Sequence
 def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int, rates: Sequence[float],
                delays: Sequence[float] | None = None, min_big_frac: float = 0.05, min_stage_frac: float = 0.05,
                warmup_steps: int | Sequence[int] = 0, growth: str = GROWTH, order: str = ORDER,
-               margins: tuple[float, float] = (0.02, 0.75)) -> dict:
+               margins: tuple[float, float] = (0.02, 0.75), rates_at: Sequence[float] | None = None) -> dict:
   """The StackBERT schedule that the pilots price cheapest for a budget of ``steps`` target steps.
 
   ``target``: the target's decayed frontier; ``wsd``: ``planner.Wsd`` (its stable curve and cool-down);
@@ -138,11 +142,18 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   the rates were measured on, so only chains whose every stage is at least that long are priced; the shallowest
   models may be left out (``dropped`` names those the floor left out of a chain that would otherwise use them).
 
+  ``rates_at``: the loss each doubling's rate was measured from (the shallower model's loss before it, one per
+  doubling; ``benchmarks.stack_rates`` prints them): the plan's ``rates_near`` compares them with its own hand-overs.
+
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
-  with ``stage_steps`` and ``switch_losses``, and ``margins``: the saving if every stacked model lands
-  ``margins[0]`` nats higher, learns at ``margins[1]`` times its rate, and both; or scratch (``cycle.levels`` 1)
-  when no chain saves anything."""
+  with ``stage_steps`` and ``switch_losses``, ``margins``: the saving if every stacked model lands ``margins[0]``
+  nats higher, learns at ``margins[1]`` times its rate, and both, and ``rates_near`` (see ``rates_near``; None when
+  ``rates_at`` is not given); or scratch (``cycle.levels`` 1) when no chain saves anything."""
   delays = _check(levels, rates, delays)
+  if rates_at is not None and (len(rates_at) != len(levels)
+                               or not all(math.isfinite(float(x)) for x in rates_at)):
+    raise ValueError(f"Give one finite loss per doubling ({len(levels)}: the loss before each doubling that its rate "
+                     f"was measured from, the target's last), got {list(rates_at)}.")
   if steps < 4:
     raise ValueError(f"A stacking plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -178,9 +189,31 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   out = {"method": f"stackbert from {levels[used[0]].name}, {len(stage_steps)} stages", "overrides": overrides,
          **scope, "predicted_flops": r["flops"], "predicted_saving": r["saving"], "stage_steps": stage_steps,
          "switch_losses": [r["switch_losses"][k] for k in used], "levels": [levels[k].name for k in used],
-         "dropped": dropped, "curve_end": _curve_end(r, levels, wsd)}
+         "dropped": dropped, "curve_end": _curve_end(r, levels, wsd),
+         "rates_near": None if rates_at is None else rates_near(levels, r["steps"], r["switch_losses"], rates_at)}
   out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
       target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays))
+  return out
+
+
+def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_losses: Sequence[float | None],
+               rates_at: Sequence[float], span: float = RATES_SPAN) -> list[dict]:
+  """Per doubling of a priced chain (``lower_steps`` per shallower model, 0 where the chain starts higher), how far
+  its planned hand-over is from the one its rate was measured at (``rates_at``), as positions on the shallower
+  model's own stable curve in its steps (for the first stage, the steps it trains). ``far`` where the ratio is
+  outside [1/``span``, ``span``] or a loss is off that curve: a rate measured after a long shallow stage does not
+  hold after a short one (``RATES_SPAN``)."""
+  out = []
+  names = [c.name for c in levels] + ["the target"]
+  for k, c in enumerate(levels):
+    if not lower_steps[k] or switch_losses[k] is None:
+      continue
+    at = lambda loss: None if c.stable.cost(loss) is None else c.stable.cost(loss) / c.step_flops
+    measured, planned = at(float(rates_at[k])), at(switch_losses[k])
+    ratio = planned / measured if measured and planned is not None else None
+    out.append({"doubling": f"{c.name} -> {names[k + 1]}", "measured_at": float(rates_at[k]),
+                "planned_at": switch_losses[k], "measured_steps": measured, "planned_steps": planned, "ratio": ratio,
+                "far": ratio is None or not 1 / span <= ratio <= span})
   return out
 
 
