@@ -108,9 +108,11 @@ _STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest st
 _STACK_MIN_STAGE = flags.DEFINE_float("stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
                                       "plan trains, as a share of --steps: only chains whose every stage is that "
                                       "long are priced (the rates are measured on real stages, not a step or two).")
-_STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Instead of --stack_rates and --stack_delays: workdirs "
-                                      "of earlier cycle.method=stackbert runs of this config; each doubling's rate "
-                                      "and delay are fitted on the pilots' stable curves (their mean over the runs).")
+_STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Workdirs of earlier cycle.method=stackbert runs of "
+                                      "this config: each doubling they measured gets its rate, delay and loss before "
+                                      "it from them (fitted on the pilots' stable curves, the mean over the runs) "
+                                      "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
+                                      "not (no eval of it before the cool-down) keeps those flags' values.")
 _STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
                                 "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
@@ -227,9 +229,6 @@ def main(argv):
   stack_rates = plan_stacking.float_list(_STACK_RATES.value, "--stack_rates")
   stack_delays = plan_stacking.float_list(_STACK_DELAYS.value, "--stack_delays", zero=True)
   stack_at = plan_stacking.float_list(_STACK_RATES_AT.value, "--stack_rates_at", what="finite positive losses")
-  if stack_at and _STACK_RATES_FROM.value:
-    raise app.UsageError("--stack_rates_at gives the losses --stack_rates were measured from; with "
-                         "--stack_rates_from they are those runs': drop one of the two.")
   if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
     raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
 

@@ -63,13 +63,20 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
                min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None) -> dict:
-  """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays, or measured
-  from the run directories ``rates_from``: --stack_rates_from) and the losses they were measured from (--stack_rates_at,
-  or those runs'), the target held to ``min_target_frac`` of the steps, each shallower stage to ``min_stage_frac``,
+  """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
+  run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
+  from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower stage to ``min_stage_frac``,
   and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
   from multilevel.cycles import stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
+  rates, delays = list(rates or [1.0] * n), list(delays or [0.0] * n)
+  rates_at = list(rates_at) if rates_at else [None] * n
+  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at)):
+    if len(values) != n:
+      raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
+                           f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
+  unmeasured = []
   if rates_from:
     stables, steps_of = stack_planner.by_level(settings.target, target_step, levels)
     measured = {}
@@ -84,30 +91,28 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
         if r is not None:
           measured.setdefault(r["level"], []).append((r["rate"], r["delay"], r["handover_loss"]))
-    mean = lambda lv, i, default: (sum(m[i] for m in measured[lv]) / len(measured[lv]) if measured.get(lv)
-                                   else default)
-    rates = [mean(lv, 0, 1.0) for lv in range(n - 1, -1, -1)]  # Shallowest growth first: level n-1, ..., 0.
-    delays = [mean(lv, 1, 0.0) for lv in range(n - 1, -1, -1)]
-    # A doubling none of the runs made has no measured loss: nothing to check the plan's hand-over against.
-    at = [mean(lv, 2, math.nan) for lv in range(n - 1, -1, -1)]
-    rates_at = None if any(math.isnan(x) for x in at) else at
-    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays, "at": at,
-                                      "by_level": {str(k): v for k, v in measured.items()}}
-  rates, delays = rates or [1.0] * n, delays or [0.0] * n
-  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at or [0] * n)):
-    if len(values) != n:
-      raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
-                           f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
+    # Doubling j (shallowest first) grows into level n-1-j. One the runs did not measure (no eval of the grown model
+    # before the cool-down: a short target stage) keeps the rate, delay and loss of the flags.
+    names = [c.name for c in levels[1:]] + ["the target"]
+    for j in range(n):
+      got = measured.get(n - 1 - j)
+      if got:
+        rates[j], delays[j], rates_at[j] = (sum(m[i] for m in got) / len(got) for i in range(3))
+      else:
+        unmeasured.append(names[j])
+    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays, "at": rates_at,
+                                      "unmeasured": unmeasured, "by_level": {str(k): v for k, v in measured.items()}}
   # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).
   warm = [round((c.pilot_warmup_frac or float(base.train.warmup_frac)) * c.stable_steps) for c in levels]
   try:
     p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
                                  min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
-                                 margins=margins, rates_at=rates_at)
+                                 margins=margins, rates_at=None if all(x is None for x in rates_at) else rates_at)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)
-  return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step)}
+  return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step),
+          **({"rates_unmeasured": unmeasured} if unmeasured else {})}
 
 
 def _method_of(workdir: str) -> str | None:

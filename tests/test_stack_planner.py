@@ -304,9 +304,20 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   floor = subprocess.run(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
   assert floor.returncode != 0 and "--stack_min_stage_frac is a share of the steps in (0, 1)" in floor.stderr
-  both = subprocess.run(args + [f"--workdir={tmp_path / 'a'}", f"--stack_rates_from={run}", "--stack_rates_at=5,4"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert both.returncode != 0 and "with --stack_rates_from they are those runs'" in both.stderr
+  # A run whose target was evaluated only in its cool-down measures the first doubling alone: the target's keeps the
+  # flags' rate, delay and loss (not a silent 1x).
+  short = tmp_path / "short"
+  short.mkdir()
+  short.joinpath("metrics.jsonl").write_text("\n".join(json.dumps({**r, "lr": 1e-4 if r["level"] == 0 else 1e-3})
+                                                       for r in recs) + "\n")
+  k = subprocess.run(args + [f"--workdir={tmp_path / 'k'}", f"--stack_rates_from={short}", "--stack_rates=1.2,0.8",
+                             "--stack_delays=5,10", "--stack_rates_at=5.6,5.0"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert k.returncode == 0, k.stderr[-3000:]
+  km = json.loads((tmp_path / "k" / "plan.json").read_text())["stack_rates_measured"]
+  assert km["rates"] == [pytest.approx(1.0, rel=1e-3), 0.8] and km["delays"] == [pytest.approx(0, abs=0.1), 10.0]
+  assert km["at"] == [5.5, 5.0] and km["unmeasured"] == ["the target"]
+  assert "measured no rate into the target" in k.stdout
   odd = subprocess.run(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert odd.returncode != 0 and "a chain of doublings into the target's 4" in odd.stderr
@@ -390,6 +401,9 @@ def test_a_plan_says_where_it_hands_over_far_from_where_its_rates_were_measured(
   alone = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], min_stage_frac=0.45,
                                    rates_at=[longer, p["switch_losses"][1]])
   assert [x["doubling"] for x in alone["rates_near"]] == ["half -> the target"]
+  # A doubling whose loss is unknown (None) is not checked; the others are.
+  part = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=[longer, None])
+  assert [x["doubling"] for x in part["rates_near"]] == ["quarter -> half"] and part["rates_near"][0]["far"]
   for bad in ([5.0], [5.0, math.nan]):
-    with pytest.raises(ValueError, match="one finite loss per doubling"):
+    with pytest.raises(ValueError, match=r"one finite loss \(or None: unknown\) per doubling"):
       stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=bad)

@@ -46,9 +46,9 @@ def _describe_stack(plan: dict) -> str:
     if plan.get("curve_end"):
       lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
                    f"longer pilot of that model may find a later, better one")
-    lines += _rates_near(plan)
   else:
     lines.append(f"why scratch: {plan['why']}")
+  lines += _rates_near(plan)
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
   m = plan.get("margins")
@@ -62,13 +62,15 @@ def _describe_stack(plan: dict) -> str:
 def _rates_near(plan: dict) -> list[str]:
   """Where a stacking plan hands over far from where its rates were measured (``stack_planner.rates_near``), or that
   nothing checked it (a plan made without the rates' hand-over losses)."""
-  if "rates_near" not in plan:  # A plan written before the check.
-    return []
+  out = [f"  note: the runs of --stack_rates_from measured no rate into {', '.join(plan['rates_unmeasured'])} (no eval "
+         f"of it before the cool-down), so it is priced at the rate, delay and loss of the flags"] \
+      if plan.get("rates_unmeasured") else []
+  if "rates_near" not in plan:  # Scratch, or a plan written before the check.
+    return out
   if plan["rates_near"] is None:
-    return ["  note: the losses the rates were measured from are not given (--stack_rates_at, which "
-            "benchmarks.stack_rates prints), so nothing checks that this plan hands over near them"]
+    return out + ["  note: the losses the rates were measured from are not given (--stack_rates_at, which "
+                  "benchmarks.stack_rates prints), so nothing checks that this plan hands over near them"]
   steps = lambda x: "off its curve" if x is None else f"{x:.0f} steps"
-  out = []
   for r in plan["rates_near"]:
     if r["far"]:
       src = r["doubling"].split(" -> ")[0]

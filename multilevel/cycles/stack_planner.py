@@ -143,7 +143,8 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   models may be left out (``dropped`` names those the floor left out of a chain that would otherwise use them).
 
   ``rates_at``: the loss each doubling's rate was measured from (the shallower model's loss before it, one per
-  doubling; ``benchmarks.stack_rates`` prints them): the plan's ``rates_near`` compares them with its own hand-overs.
+  doubling, None where unknown; ``benchmarks.stack_rates`` prints them): the plan's ``rates_near`` compares them
+  with its own hand-overs.
 
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
   with ``stage_steps`` and ``switch_losses``, ``margins``: the saving if every stacked model lands ``margins[0]``
@@ -151,9 +152,9 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   ``rates_at`` is not given); or scratch (``cycle.levels`` 1) when no chain saves anything."""
   delays = _check(levels, rates, delays)
   if rates_at is not None and (len(rates_at) != len(levels)
-                               or not all(math.isfinite(float(x)) for x in rates_at)):
-    raise ValueError(f"Give one finite loss per doubling ({len(levels)}: the loss before each doubling that its rate "
-                     f"was measured from, the target's last), got {list(rates_at)}.")
+                               or not all(x is None or math.isfinite(float(x)) for x in rates_at)):
+    raise ValueError(f"Give one finite loss (or None: unknown) per doubling ({len(levels)}: the loss before each "
+                     f"doubling that its rate was measured from, the target's last), got {list(rates_at)}.")
   if steps < 4:
     raise ValueError(f"A stacking plan needs a budget of at least 4 target steps, got {steps}.")
   budget = steps * target_step_flops
@@ -206,7 +207,7 @@ def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_l
   out = []
   names = [c.name for c in levels] + ["the target"]
   for k, c in enumerate(levels):
-    if not lower_steps[k] or switch_losses[k] is None:
+    if not lower_steps[k] or switch_losses[k] is None or rates_at[k] is None:
       continue
     at = lambda loss: None if c.stable.cost(loss) is None else c.stable.cost(loss) / c.step_flops
     measured, planned = at(float(rates_at[k])), at(switch_losses[k])
