@@ -10,7 +10,8 @@ For each stacking variant in --runs (``benchmarks.saving`` results under ``train
 stacked model's position on its own stable curve (the target's longest WSD scratch run of --target; the shallower
 models' level runs of --levels, shallowest first, at the target's rate) against the steps it trained, from the last
 eval before the growth to its last eval before the cool-down, fitted as rate x (steps - delay)
-(``multilevel.cycles.stack_planner.stack_rates``). Their means are what ``experiments.plan --stack_rates
+(``multilevel.cycles.stack_planner.stack_rates``; a doubling with fewer than ``MIN_EVALS`` such evals is shown
+and left out). Their means are what ``experiments.plan --stack_rates
 --stack_delays`` take, with the mean loss before each doubling (``--stack_rates_at``: the plan says where it hands
 over far from it).
 
@@ -66,10 +67,13 @@ def measure(a) -> dict:
         for r in stack_planner.stack_rates(v["curve"], stables, steps_of, knee):
           if r is None:
             continue
+          used = r["evals"] >= stack_planner.MIN_EVALS  # Fewer evals cannot tell the delay from the rate.
           rows.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, "level": r["level"],
                        "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
-                       "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]])})
-          by_level.setdefault(r["level"], []).append(r)
+                       "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]]),
+                       "evals": r["evals"], "used": used})
+          if used:
+            by_level.setdefault(r["level"], []).append(r)
         c = cooldown(v["curve"], v["total_flops"], knee, stable, target)
         if c is not None:
           cooldowns.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, **c})
@@ -97,11 +101,12 @@ def cooldown(curve, total_flops: float, knee: float, stable, target) -> dict | N
 
 
 def table(d: dict) -> str:
-  lines = ["| run | T | variant | into level | hand-over loss | rate | delay (steps) | overall | steps measured |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| run | T | variant | into level | hand-over loss | rate | delay (steps) | overall | steps measured | "
+           "evals |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in d["rows"]:
+    evals = f"{r['evals']}" + ("" if r.get("used", True) else " (too few: not in the means)")
     lines.append(f"| {r['run']} | {r['T']} | {r['variant']} | {r['level']} | {r['handover_loss']:.3f} | "
-                 f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} |")
+                 f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} | {evals} |")
   fmt = lambda xs: ",".join("?" if x is None else f"{x:.3g}" for x in xs)
   lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}"
                + (f" --stack_rates_at={fmt(d['at'])}" if d.get("at") else ""))

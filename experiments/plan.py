@@ -112,7 +112,8 @@ _STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Workdirs of earli
                                       "this config: each doubling they measured gets its rate, delay and loss before "
                                       "it from them (fitted on the pilots' stable curves, the mean over the runs) "
                                       "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
-                                      "not (no eval of it before the cool-down) keeps those flags' values.")
+                                      "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
+                                      "values.")
 _STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
                                 "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",

@@ -89,10 +89,10 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                              f"are read from cycle.method='stackbert' runs (a V-cycle's growths are priced by "
                              f"--growth_rates_from).")
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
-        if r is not None:
+        if r is not None and r["evals"] >= stack_planner.MIN_EVALS:
           measured.setdefault(r["level"], []).append((r["rate"], r["delay"], r["handover_loss"]))
-    # Doubling j (shallowest first) grows into level n-1-j. One the runs did not measure (no eval of the grown model
-    # before the cool-down: a short target stage) keeps the rate, delay and loss of the flags.
+    # Doubling j (shallowest first) grows into level n-1-j. One the runs did not measure (fewer than MIN_EVALS evals
+    # of the grown model before the cool-down: a short target stage) keeps the rate, delay and loss of the flags.
     names = [c.name for c in levels[1:]] + ["the target"]
     for j in range(n):
       got = measured.get(n - 1 - j)

@@ -183,6 +183,7 @@ def test_a_stacked_models_rate_and_delay_are_read_from_the_loss_before_the_growt
   # Evals past the knee (the cool-down) are not read; a level with no stable curve gives None.
   cut = stack_planner.stack_rates(rows, [STABLE, HALF], [STEP, H_STEP], knee=rows[3][0])
   assert cut[0]["rate"] == pytest.approx(0.7, rel=1e-4) and cut[0]["last_loss"] == rows[3][2]
+  assert rs[0]["evals"] == 6 and cut[0]["evals"] == 3
   assert stack_planner.stack_rates(rows, [STABLE, None], [STEP, H_STEP], knee=1e15) == [None]
   # No delay: none is fitted.
   plain = stack_planner.stack_rates(grown_curve(1.2), [STABLE, HALF], [STEP, H_STEP], knee=1e15)[0]
@@ -250,6 +251,16 @@ def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_pat
   (c,) = d["cooldowns"]
   assert c["knee_loss"] == top[-1][2] and c["priced_final"] == pytest.approx(priced, abs=1e-3)
   assert c["excess"] == pytest.approx(0.02, abs=1e-3) and "| 0.020 |" in stack_rates.table(d)
+  # A second run whose target was evaluated twice before its cool-down, far slower: shown, not in the means (two
+  # evals cannot tell its delay from its rate).
+  few = tmp_path / "few.json"
+  slow = grown_curve(0.1, half[-1][2], half[-1][0], 0, STABLE, STEP, 2)[1:]
+  few.write_text(json.dumps({"budgets": [{"steps": 1000, "variants": {"planned": {
+      "total_flops": slow[-1][0] + 0.2 * 1000 * STEP, "curve": [[5e11, 0.0, 5.9, 2]] + half + slow}}}]}))
+  d2 = stack_rates.measure(cli.parse(stack_rates.define_flags, [f"--target={target}", f"--levels={','.join(files)}",
+                                                                 f"--runs={runs},{few}"]))
+  assert [r["evals"] for r in d2["rows"]] == [4, 4, 4, 2] and not d2["rows"][-1]["used"]
+  assert d2["rates"] == d["rates"] and "2 (too few: not in the means)" in stack_rates.table(d2)
 
 
 def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_path):

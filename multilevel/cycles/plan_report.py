@@ -62,8 +62,8 @@ def _describe_stack(plan: dict) -> str:
 def _rates_near(plan: dict) -> list[str]:
   """Where a stacking plan hands over far from where its rates were measured (``stack_planner.rates_near``), or that
   nothing checked it (a plan made without the rates' hand-over losses)."""
-  out = [f"  note: the runs of --stack_rates_from measured no rate into {', '.join(plan['rates_unmeasured'])} (no eval "
-         f"of it before the cool-down), so it is priced at the rate, delay and loss of the flags"] \
+  out = [f"  note: the runs of --stack_rates_from measured no rate into {', '.join(plan['rates_unmeasured'])} (fewer "
+         f"than 3 evals of it before the cool-down), so it is priced at the rate, delay and loss of the flags"] \
       if plan.get("rates_unmeasured") else []
   if "rates_near" not in plan:  # Scratch, or a plan written before the check.
     return out

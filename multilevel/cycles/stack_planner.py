@@ -36,6 +36,10 @@ ORDER = "stride"
 # the one its doubling's rate was measured at before the plan says so: LLaMA's 2-layer model learned at 3.03x after a
 # 320-step 1-layer stage and at 1.0-1.2x after an 80-step one (benchmarks/SAVINGS.md, "A floor on every stage").
 RATES_SPAN = 2.0
+# The fewest evals of a stacked model before its cool-down that a rate is read from: with one or two the fit cannot
+# tell the recovery (the delay) from the pace, and a short target stage (BERT's plan: one eval in 48 stable steps)
+# read 0.07x.
+MIN_EVALS = 3
 
 
 def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops: Sequence[float],
@@ -46,8 +50,9 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
   from the last eval before the growth to the model's last eval before ``knee`` (the FLOPs where the run's
   cool-down starts), the model's position on its stable curve against the steps it trained, fitted as
   ``rate * (steps - delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its
-  scratch run's pace from the loss it took over. ``overall`` is the plain ratio (``growth.growth_rate``). None for
-  a growth with no such evals or no curve."""
+  scratch run's pace from the loss it took over. ``overall`` is the plain ratio (``growth.growth_rate``), ``evals``
+  the number of evals fitted (fewer than ``MIN_EVALS`` is not a measurement to price with). None for a growth with
+  no such evals or no curve."""
   out = []
   for i in range(1, len(curve)):
     if curve[i][3] == curve[i - 1][3]:
@@ -61,7 +66,7 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
                                 for f, l in after if stable.cost(l) is not None]
     fit = _fit_delay(pts) if pts else None
     out.append(None if r is None or fit is None else
-               dict(r, overall=r["rate"], rate=fit[0], delay=fit[1], level=level, handover_loss=l0))
+               dict(r, overall=r["rate"], rate=fit[0], delay=fit[1], level=level, handover_loss=l0, evals=len(pts)))
   return out
 
 
