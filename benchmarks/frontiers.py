@@ -79,6 +79,9 @@ def envelope_models(entries) -> dict:
       with open(p) as f:
         parts.append(json.load(f))
     name = chain_name(parts[0])
+    if name in out:  # Two entries of one model (e.g. one file per learning rate): the later would hide the former.
+      raise ValueError(f"--envelope gives {name} twice ({entry}); pool one model's files with '+' "
+                       f"(a.json+b.json) so that its best run per budget is kept.")
     out[name] = list(candidate_from_runs(name, [r for d in parts for r in d["runs"]]).frontier.points)
   return out
 

@@ -217,6 +217,10 @@ def test_savings_are_also_read_against_the_best_single_model(tmp_path):
   assert x["envelope_model"] == "L1 width_factor=1" and not x["envelope_at_most"]
   assert x["envelope_flops_saving"] == pytest.approx(1 - 2 / 2 ** 0.5)  # Negative: the small model alone is cheaper.
   assert "envelope: -41% (L1 width_factor=1)" in methods_table(d)
+  # The same model's files given apart would have one hide the other: refused, with the way to pool them.
+  with pytest.raises(ValueError, match="gives L1 width_factor=1 twice .* pool one model's files with '\\+'"):
+    merge([str(runs)], envelope=[f"{tmp_path / 'small0.json'}+{tmp_path / 'small1.json'}",
+                                 str(tmp_path / "small1.json")])
 
 
 def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tmp_path):
