@@ -65,8 +65,8 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None) -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
   run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
-  from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower stage to ``min_stage_frac``,
-  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
+  stage to ``min_stage_frac``, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
   from multilevel.cycles import stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
