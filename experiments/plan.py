@@ -103,6 +103,11 @@ _STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked
 _STACK_RATES_AT = flags.DEFINE_list("stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
                                     "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
                                     "says where it hands over far from them (a rate holds near where it was measured).")
+_STACK_RATES_SPAN = flags.DEFINE_float("stack_rates_span", 0.0, "With the losses the rates were measured from "
+                                       "(--stack_rates_at or --stack_rates_from): price only chains whose every "
+                                       "hand-over lies within this factor (> 1, either way) of the measured one on the "
+                                       "shallower model's own curve, where the rates hold (0: anywhere, with a note "
+                                       "past 2x).")
 _STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
                                        "target, as a share of --steps (its cool-down is always inside them).")
 _STACK_MIN_STAGE = flags.DEFINE_float("stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
@@ -177,6 +182,12 @@ def main(argv):
       raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
   if _STACK_DOUBLINGS.value < 1:
     raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
+  if _STACK_RATES_SPAN.value and not _STACK_RATES_SPAN.value > 1:  # Refused before any pilot trains.
+    raise app.UsageError(f"--stack_rates_span is a factor above 1 (2: half to twice as far along the curve as where "
+                         f"the rates were measured) or 0 (anywhere), got {_STACK_RATES_SPAN.value}.")
+  if _STACK_RATES_SPAN.value and not (_STACK_RATES_AT.value or _STACK_RATES_FROM.value):
+    raise app.UsageError("--stack_rates_span keeps each hand-over near where its rate was measured: give those "
+                         "losses (--stack_rates_at, which benchmarks.stack_rates prints) or --stack_rates_from.")
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -307,7 +318,8 @@ def main(argv):
     if levels:
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
                                             stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
-                                            _STACK_MIN_STAGE.value, margins, record, base, stack_at or None))
+                                            _STACK_MIN_STAGE.value, margins, record, base, stack_at or None,
+                                            _STACK_RATES_SPAN.value))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

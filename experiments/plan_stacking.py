@@ -62,11 +62,13 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
-               min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None) -> dict:
+               min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None,
+               rates_span: float = 0.0) -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
   run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
   from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
-  stage to ``min_stage_frac``, and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  stage to ``min_stage_frac``, each hand-over within ``rates_span`` of where its rate was measured (0: anywhere),
+  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
   from multilevel.cycles import stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
@@ -107,7 +109,8 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
   try:
     p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
                                  min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
-                                 margins=margins, rates_at=None if all(x is None for x in rates_at) else rates_at)
+                                 margins=margins, rates_at=None if all(x is None for x in rates_at) else rates_at,
+                                 rates_span=rates_span)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)

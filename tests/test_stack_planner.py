@@ -315,6 +315,9 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   floor = subprocess.run(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
   assert floor.returncode != 0 and "--stack_min_stage_frac is a share of the steps in (0, 1)" in floor.stderr
+  span = subprocess.run(args + [f"--workdir={tmp_path / 's'}", "--stack_rates_span=2"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert span.returncode != 0 and "--stack_rates_span keeps each hand-over near" in span.stderr
   # A run whose target was evaluated only in its cool-down measures the first doubling alone: the target's keeps the
   # flags' rate, delay and loss (not a silent 1x).
   short = tmp_path / "short"
@@ -418,3 +421,26 @@ def test_a_plan_says_where_it_hands_over_far_from_where_its_rates_were_measured(
   for bad in ([5.0], [5.0, math.nan]):
     with pytest.raises(ValueError, match=r"one finite loss \(or None: unknown\) per doubling"):
       stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=bad)
+
+
+def test_a_span_keeps_every_hand_over_near_where_its_rate_was_measured():
+  wsd = planner.Wsd(STABLE, 0.2)
+  free = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0])
+  # The quarter's rate measured after a stage 4x the one the free plan prices: the free plan is far from it.
+  longer = QUARTER.loss_at(4 * QUARTER.cost(free["switch_losses"][0]))
+  at = [longer, free["switch_losses"][1]]
+  kept = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=at, rates_span=2.0)
+  assert [r["far"] for r in kept["rates_near"]] == [False, False]
+  assert all(0.5 - 1e-9 <= r["ratio"] <= 2.0 + 1e-9 for r in kept["rates_near"])
+  assert kept["predicted_saving"] <= free["predicted_saving"] and kept["stage_steps"][0] > free["stage_steps"][0]
+  lo, hi = kept["reach"][0]
+  assert lo <= kept["switch_losses"][0] <= hi and "within 2x of where its rate was measured" in kept["pricing"]
+  # The same constraint in the dynamic programme, against the free chain restricted by hand: the cheapest chain
+  # whose quarter hands over inside the interval.
+  r = growth.wsd_cost([QUARTER, HALF], [Q_STEP, H_STEP], [1.0, 1.0], STABLE, STEP, 8000, 0.2, 1.0, adjacent=True,
+                      min_big=1600, handover=[(lo, hi), None])
+  assert r["switch_losses"][0] is not None and lo <= r["switch_losses"][0] <= hi
+  # A span needs the losses, and is a factor above 1.
+  for bad in (dict(rates_span=2.0), dict(rates_span=0.5, rates_at=at)):
+    with pytest.raises(ValueError, match="give a factor above 1 and the losses"):
+      stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], **bad)

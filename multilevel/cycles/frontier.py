@@ -125,14 +125,18 @@ def check_rates(rates: Sequence[float] | None, n: int) -> tuple[float, ...]:
 
 def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, rates: Sequence[float],
                adjacent: bool = False, delays: Sequence[float] | None = None,
-               min_flops: Sequence[float] | None = None) -> tuple[list[list[float]], list[list[tuple | None]]]:
+               min_flops: Sequence[float] | None = None,
+               handover: Sequence[tuple[float, float] | None] | None = None
+               ) -> tuple[list[list[float]], list[list[tuple | None]]]:
   """The dynamic programme of ``ideal_cost`` on the descending grid ``losses``: ``best[k][i]``, the fewest FLOPs
   that put model k at ``losses[i]`` (from scratch, or grown from a smaller model j < k at a grid loss above), and
   ``back[k][i]``, ``(j, i')`` for the hand-over used (None: from scratch). With ``adjacent`` model k grows only from
   model k - 1 (a chain of doublings, as stacking grows: a model may start the chain, none may be jumped over).
   ``delays[k]``: FLOPs model k spends after growing before it moves on (a recovery from the growth), added to every
   hand-over into it. ``min_flops[k]``: the fewest FLOPs a stage of model k may spend (its delay included); shorter
-  stages, a model passed through for a step or two among them, are not priced (none by default)."""
+  stages, a model passed through for a step or two among them, are not priced (none by default). ``handover[k]``:
+  the (lowest, highest) loss at which model k may hand over to a larger model (None: anywhere); ``best[k][i]`` is
+  infinite outside it, so neither a later model nor the caller grows from model k there."""
   delays = [0.0] * len(chain) if delays is None else [float(d) for d in delays]
   floors = [0.0] * len(chain) if min_flops is None else [float(m) for m in min_flops]
   inf, grid = math.inf, len(losses)
@@ -166,6 +170,9 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
       for j in sources(k):
         if run_min[j] < inf and run_min[j] + ck / r + delays[k] < best[k][i]:
           best[k][i], back[k][i] = run_min[j] + ck / r + delays[k], (j, arg[j])
+    if handover is not None and handover[k] is not None:
+      lo, hi = handover[k]
+      best[k] = [b if lo <= l <= hi else inf for b, l in zip(best[k], losses)]
   return best, back
 
 

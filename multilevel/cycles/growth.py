@@ -144,7 +144,8 @@ def rate_from_records(records: Sequence[dict], target: Frontier) -> dict | None:
 def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequence[float], target: Frontier,
              target_step_flops: float, steps: int, cooldown_frac: float, target_rate: float = 1.0,
              jump: float = 0.0, min_big: int = 1, grid: int = 400, adjacent: bool = False,
-             delays: Sequence[float] | None = None, target_delay: float = 0.0, min_steps: int = 0) -> dict | None:
+             delays: Sequence[float] | None = None, target_delay: float = 0.0, min_steps: int = 0,
+             handover: Sequence[tuple[float, float] | None] | None = None) -> dict | None:
   """The cheapest V-cycle under one WSD schedule from the smaller models ``lower`` (their *stable* curves, smallest
   first; any may be skipped) to the target (``target``: its stable curve) that ends at scratch's final loss after a
   budget of ``steps`` target steps.
@@ -157,6 +158,7 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
   moves on from the loss it took over at (a recovery from the growth; ``delays[0]`` is not read), then at its rate.
   ``min_steps``: the fewest steps a smaller model's stage may train (a delay included); only chains whose every
   stage is at least that long are priced (a model passed through for a step or two is a growth in name only).
+  ``handover[k]``: the (lowest, highest) loss at which smaller model k may hand over (None: anywhere).
 
   Returns ``{'flops', 'saving', 'switch_losses', 'steps', 'big_steps', 'landing_flops'}`` (``steps``: per smaller
   model, its training steps, 0 when skipped; ``flops`` also counts one coalescing step of each grown model) or None
@@ -182,7 +184,7 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
     raise ValueError(f"Growth delays must be {len(lower)} finite numbers of steps >= 0 (and the target's), got "
                      f"{delays} and {target_delay}.")
   best, back = best_table(lower, losses, jump, rates, adjacent, [d * f for d, f in zip(delays, step_flops)],
-                          [min_steps * f for f in step_flops])
+                          [min_steps * f for f in step_flops], handover)
   lands = [target.cost(l + jump) for l in losses]
   choice = None
   for k in range(len(lower) - 1, len(lower)) if adjacent else range(len(lower)):

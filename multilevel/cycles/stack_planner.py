@@ -131,7 +131,8 @@ def _check(levels: Sequence[Candidate], rates: Sequence[float], delays: Sequence
 def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int, rates: Sequence[float],
                delays: Sequence[float] | None = None, min_big_frac: float = 0.05, min_stage_frac: float = 0.05,
                warmup_steps: int | Sequence[int] = 0, growth: str = GROWTH, order: str = ORDER,
-               margins: tuple[float, float] = (0.02, 0.75), rates_at: Sequence[float] | None = None) -> dict:
+               margins: tuple[float, float] = (0.02, 0.75), rates_at: Sequence[float] | None = None,
+               rates_span: float = 0.0) -> dict:
   """The StackBERT schedule that the pilots price cheapest for a budget of ``steps`` target steps.
 
   ``target``: the target's decayed frontier; ``wsd``: ``planner.Wsd`` (its stable curve and cool-down);
@@ -149,13 +150,17 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
 
   ``rates_at``: the loss each doubling's rate was measured from (the shallower model's loss before it, one per
   doubling, None where unknown; ``benchmarks.stack_rates`` prints them): the plan's ``rates_near`` compares them
-  with its own hand-overs.
+  with its own hand-overs. ``rates_span`` > 1 (with ``rates_at``): only chains whose every hand-over lies within
+  that factor of the measured one, as positions on the shallower model's own stable curve, are priced (0: any).
 
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
   with ``stage_steps`` and ``switch_losses``, ``margins``: the saving if every stacked model lands ``margins[0]``
   nats higher, learns at ``margins[1]`` times its rate, and both, and ``rates_near`` (see ``rates_near``; None when
   ``rates_at`` is not given); or scratch (``cycle.levels`` 1) when no chain saves anything."""
   delays = _check(levels, rates, delays)
+  if rates_span and not (rates_span > 1 and rates_at is not None):
+    raise ValueError(f"A span of {rates_span:g} keeps each hand-over within that factor of where its doubling's rate "
+                     f"was measured: give a factor above 1 and the losses the rates were measured from.")
   if rates_at is not None and (len(rates_at) != len(levels)
                                or not all(x is None or math.isfinite(float(x)) for x in rates_at)):
     raise ValueError(f"Give one finite loss (or None: unknown) per doubling ({len(levels)}: the loss before each "
@@ -166,22 +171,29 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   cool = max(1, round(wsd.cooldown_frac * steps))
   min_big = max(round(min_big_frac * steps), cool, 1)
   min_stage = max(1, round(min_stage_frac * steps))
+  reach = [reach_losses(c, at, rates_span) if rates_span and at is not None else None
+           for c, at in zip(levels, rates_at or [None] * len(levels))]
   price = lambda floor: wsd_cost(
       [c.stable for c in levels], [c.step_flops for c in levels], [1.0] + [float(x) for x in rates[:-1]], wsd.target,
       target_step_flops, steps, wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
-      delays=[0.0] + delays[:-1], target_delay=delays[-1], min_steps=floor)
+      delays=[0.0] + delays[:-1], target_delay=delays[-1], min_steps=floor, handover=reach)
   r, free = price(min_stage), price(0)
   # The models the floor left out: those the chain priced without it uses and this one skips.
   dropped = [] if r is None or free is None else [c.name for c, a, b in zip(levels, free["steps"], r["steps"])
                                                   if a and not b]
   scope = {"pricing": f"stacking under WSD: stable curves at train.lr, cool-down {wsd.cooldown_frac:g}, rates "
                       f"{[round(float(x), 3) for x in rates]} after delays {[round(d) for d in delays]} steps, from "
-                      f"the loss before each doubling; the target at least {min_big} steps",
-           "stack_rates": list(rates), "stack_delays": delays, "min_big_steps": min_big}
+                      f"the loss before each doubling; the target at least {min_big} steps"
+                      + (f"; each hand-over within {rates_span:g}x of where its rate was measured" if rates_span
+                         else ""),
+           "stack_rates": list(rates), "stack_delays": delays, "min_big_steps": min_big,
+           **({"rates_span": rates_span, "reach": reach} if rates_span else {})}
   if r is None or r["saving"] <= 0:
     return {"method": "scratch", "overrides": {"train.steps": steps, "cycle.levels": 1}, **scope,
             "predicted_flops": budget, "predicted_saving": 0.0, "stage_steps": [], "switch_losses": [], "levels": [],
-            "why": "no chain of doublings from these pilots is cheaper than scratch at this budget"}
+            "why": "no chain of doublings from these pilots is cheaper than scratch at this budget"
+                   + (f" with every hand-over within {rates_span:g}x of where its rate was measured" if rates_span
+                      else "")}
   used = [k for k, n in enumerate(r["steps"]) if n]
   stage_steps = [r["steps"][k] for k in used] + [r["big_steps"]]
   total = sum(stage_steps)
@@ -200,6 +212,18 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
       target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays))
   return out
+
+
+def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | None:
+  """The (lowest, highest) loss at which shallower model ``c`` may hand over to stay within ``span`` times (either
+  way) its position on its stable curve at loss ``at`` (the curve's ends where the span runs past them); None (no
+  constraint) where ``at`` is off that curve."""
+  pos = c.stable.cost(at)
+  if pos is None:
+    return None
+  lo, hi = c.stable.loss_range
+  further, earlier = c.stable.loss_at(pos * span), c.stable.loss_at(pos / span)
+  return (lo if further is None else further, hi if earlier is None else earlier)
 
 
 def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_losses: Sequence[float | None],
