@@ -12,6 +12,7 @@ command with --distributed --coordinator_address=HOST:PORT --num_processes=N --p
 import gc
 import os
 import sys
+import time
 import warnings
 
 from absl import app, flags, logging
@@ -34,20 +35,40 @@ _DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an erro
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+# How long process 0 of a multi-process run stays after reporting an error, so that the others can report theirs and
+# leave first: process 0 hosts JAX's coordination service, and a peer still running when it goes away is aborted by
+# JAX (SIGABRT, a C++ stack trace after or instead of its one-line message; seen once in CI, 2026-12-06).
+COORDINATOR_GRACE_S = 2.0
+
+
 def _fail(message: str) -> None:
+  if _DISTRIBUTED.present and _DISTRIBUTED.value:
+    # A process of a multi-process run cannot shut down cleanly alone: JAX's runtime and Orbax's background threads
+    # would wait minutes for peers that may be gone. Say why and leave now, without a garbage collection first (the
+    # hard exit prints no warnings to keep out of the way, and every moment here is a moment a peer may pull the
+    # coordination service away).
+    report(message)
+    logging.flush()
+    sys.stdout.flush()
+    if _process_index() == 0:
+      time.sleep(COORDINATOR_GRACE_S)
+    os._exit(1)
   # An Orbax save that failed mid-write (a full disk) leaves coroutines that were never awaited; Python would report
   # each as a RuntimeWarning at exit, after the message. They say nothing the message does not, so they are dropped
   # and the message stays the last line.
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
   gc.collect()
   report(message)
-  if _DISTRIBUTED.present and _DISTRIBUTED.value:
-    # A process of a multi-process run cannot shut down cleanly alone: JAX's runtime and Orbax's background threads
-    # would wait minutes for peers that may be gone. The message is out; leave now.
-    logging.flush()
-    sys.stdout.flush()
-    os._exit(1)
   sys.exit(1)
+
+
+def _process_index() -> int | None:
+  """This process's index in the run (None before JAX's distributed runtime is up)."""
+  try:
+    import jax
+    return jax.process_index() if jax.distributed.is_initialized() else _PROCESS_ID.value
+  except Exception:  # An error path: never fail here too.
+    return _PROCESS_ID.value
 
 
 def _flag_value(argv, name: str):
