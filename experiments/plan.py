@@ -182,12 +182,7 @@ def main(argv):
       raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
   if _STACK_DOUBLINGS.value < 1:
     raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
-  if _STACK_RATES_SPAN.value and not _STACK_RATES_SPAN.value > 1:  # Refused before any pilot trains.
-    raise app.UsageError(f"--stack_rates_span is a factor above 1 (2: half to twice as far along the curve as where "
-                         f"the rates were measured) or 0 (anywhere), got {_STACK_RATES_SPAN.value}.")
-  if _STACK_RATES_SPAN.value and not (_STACK_RATES_AT.value or _STACK_RATES_FROM.value):
-    raise app.UsageError("--stack_rates_span keeps each hand-over near where its rate was measured: give those "
-                         "losses (--stack_rates_at, which benchmarks.stack_rates prints) or --stack_rates_from.")
+  plan_stacking.check_span(_STACK_RATES_SPAN.value, _STACK_RATES_AT.value or _STACK_RATES_FROM.value)
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")

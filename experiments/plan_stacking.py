@@ -23,6 +23,17 @@ def float_list(values: list, flag: str, zero: bool = False, what: str = "") -> l
   return out
 
 
+def check_span(span: float, losses_given) -> None:
+  """--stack_rates_span: 0 (anywhere) or a factor above 1, and only with the losses the rates were measured from
+  (``losses_given``: --stack_rates_at or --stack_rates_from). Refused before any pilot trains."""
+  if span and not span > 1:
+    raise app.UsageError(f"--stack_rates_span is a factor above 1 (2: half to twice as far along the curve as where "
+                         f"the rates were measured) or 0 (anywhere), got {span}.")
+  if span and not losses_given:
+    raise app.UsageError("--stack_rates_span keeps each hand-over near where its rate was measured: give those "
+                         "losses (--stack_rates_at, which benchmarks.stack_rates prints) or --stack_rates_from.")
+
+
 def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, small_pilots, seeds, run,
                  record) -> list:
   """The shallower models a stacking plan grows through, shallowest first, as candidates at train.lr: from
