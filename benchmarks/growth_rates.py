@@ -12,7 +12,9 @@ the cool-down (the last ``cooldown_frac`` of the budget's steps), and where each
 stable curve (the longest scratch run of --target before its cool-down). The rate is the distance moved on that
 curve over the FLOPs spent (``multilevel.cycles.growth.growth_rate``): 1 = as fast as scratch from the same loss.
 Rates are grouped by the growth each variant makes (--kind) into the mean and the range; give the means to
-``experiments.plan --growth_rates``.
+``experiments.plan --growth_rates``. A run whose target has fewer than ``growth.MIN_EVALS`` evals between its growth
+and its cool-down (a short target stage) is shown and left out of the means: over so few steps eval noise decides
+the rate.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def variant_rate(v: dict, steps: int, target_step: float, stable, cooldown_frac:
 
 
 def measure(a) -> dict:
+  from multilevel.cycles import growth
   from multilevel.cycles.planner import target_from_saving, target_stable_from_saving
   if not a.target or not a.runs:
     raise app.UsageError("Give --target (the target's WSD scratch results) and --runs (V-cycle results).")
@@ -76,7 +79,8 @@ def measure(a) -> dict:
                      "growth": kinds.get(name), **(r or {"rate": None})})
   groups = {}
   for r in rows:
-    if r["growth"] and r["rate"] is not None:
+    r["used"] = r["rate"] is not None and r["evals"] >= growth.MIN_EVALS
+    if r["growth"] and r["used"]:
       groups.setdefault(r["growth"], []).append(r["rate"])
   summary = {k: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "n": len(v)} for k, v in groups.items()}
   return {"command": cli.command("benchmarks.growth_rates"), "cooldown_frac": a.cooldown_frac,
@@ -85,13 +89,15 @@ def measure(a) -> dict:
 
 def table(d: dict) -> str:
   lines = ["| run | T | variant | growth | hand-over loss | landing | last loss before the cool-down | target steps | "
-           "rate |", "|---|---|---|---|---|---|---|---|---|"]
+           "evals | rate |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in d["rows"]:
     if r["rate"] is None:
-      lines.append(f"| {r['file']} | {r['steps']} | {r['variant']} | {r['growth'] or '-'} | | | | | n/a |")
+      lines.append(f"| {r['file']} | {r['steps']} | {r['variant']} | {r['growth'] or '-'} | | | | | | n/a |")
       continue
+    evals = f"{r['evals']}" + ("" if r.get("used", True) else " (too few: not in the means)")
     lines.append(f"| {r['file']} | {r['steps']} | {r['variant']} | {r['growth'] or '-'} | {r['handover_loss']:.3f} | "
-                 f"{r['landing_loss']:.3f} | {r['last_loss']:.3f} | {r['target_steps_measured']} | {r['rate']:.2f} |")
+                 f"{r['landing_loss']:.3f} | {r['last_loss']:.3f} | {r['target_steps_measured']} | {evals} | "
+                 f"{r['rate']:.2f} |")
   for k, s in sorted(d["rates"].items()):
     lines.append(f"\n{k}: mean rate {s['mean']:.2f} (min {s['min']:.2f}, max {s['max']:.2f}, {s['n']} runs)")
   return "\n".join(lines)

@@ -10,7 +10,7 @@ For each stacking variant in --runs (``benchmarks.saving`` results under ``train
 stacked model's position on its own stable curve (the target's longest WSD scratch run of --target; the shallower
 models' level runs of --levels, shallowest first, at the target's rate) against the steps it trained, from the last
 eval before the growth to its last eval before the cool-down, fitted as rate x (steps - delay)
-(``multilevel.cycles.stack_planner.stack_rates``; a doubling with fewer than ``MIN_EVALS`` such evals is shown
+(``multilevel.cycles.stack_planner.stack_rates``; a doubling with fewer than ``growth.MIN_EVALS`` such evals is shown
 and left out). Their means are what ``experiments.plan --stack_rates
 --stack_delays`` take, with the mean loss before each doubling (``--stack_rates_at``: the plan says where it hands
 over far from it).
@@ -44,7 +44,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def measure(a) -> dict:
-  from multilevel.cycles import planner, stack_planner
+  from multilevel.cycles import growth, planner, stack_planner
   if not a.target or not a.levels or not a.runs:
     raise app.UsageError("Give --target (WSD scratch results), --levels (the shallower models' level runs) and --runs.")
   target, step, _ = planner.target_from_saving(a.target)
@@ -67,7 +67,7 @@ def measure(a) -> dict:
         for r in stack_planner.stack_rates(v["curve"], stables, steps_of, knee):
           if r is None:
             continue
-          used = r["evals"] >= stack_planner.MIN_EVALS  # Fewer evals cannot tell the delay from the rate.
+          used = r["evals"] >= growth.MIN_EVALS  # Fewer evals cannot tell the delay from the rate.
           rows.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, "level": r["level"],
                        "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
                        "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]]),

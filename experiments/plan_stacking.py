@@ -80,7 +80,7 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
   from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
   stage to ``min_stage_frac``, each hand-over within ``rates_span`` of where its rate was measured (0: anywhere),
   and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
-  from multilevel.cycles import stack_planner
+  from multilevel.cycles import growth, stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
   rates, delays = list(rates or [1.0] * n), list(delays or [0.0] * n)
@@ -102,7 +102,7 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                              f"are read from cycle.method='stackbert' runs (a V-cycle's growths are priced by "
                              f"--growth_rates_from).")
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
-        if r is not None and r["evals"] >= stack_planner.MIN_EVALS:
+        if r is not None and r["evals"] >= growth.MIN_EVALS:
           measured.setdefault(r["level"], []).append((r["rate"], r["delay"], r["handover_loss"]))
     # Doubling j (shallowest first) grows into level n-1-j. One the runs did not measure (fewer than MIN_EVALS evals
     # of the grown model before the cool-down: a short target stage) keeps the rate, delay and loss of the flags.

@@ -39,8 +39,16 @@ def wsd_settings(base, target_curve, record: dict, target_from: list[str], rates
         raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak "
                              f"rate on the target's stable curve; is it a V-cycle run of this config?")
       measured.append(dict(r, workdir=w))
-    rates[kind] = sum(r["rate"] for r in measured) / len(measured)  # The runs' mean (seeds, or plan and V-cycle).
-    record.setdefault("growth_rates_measured", {})[kind] = {"rate": rates[kind], "runs": measured}
+    used = [r for r in measured if r["evals"] >= growth.MIN_EVALS]
+    if not used:
+      raise app.UsageError(
+          f"--growth_rates_from={kind}={workdirs}: the target of each run has fewer than {growth.MIN_EVALS} evals "
+          f"between its growth and its cool-down ({[r['evals'] for r in measured]}), too few for eval noise not to "
+          f"decide the rate; read it off runs with a longer target stage or more evals (train.eval_every), or give "
+          f"--growth_rates={kind}=RATE.")
+    rates[kind] = sum(r["rate"] for r in used) / len(used)  # The runs' mean (seeds, or plan and V-cycle).
+    record.setdefault("growth_rates_measured", {})[kind] = {
+        "rate": rates[kind], "runs": measured, "too_few_evals": [r["workdir"] for r in measured if r not in used]}
   try:
     settings = planner.Wsd(stable, cool, rates, float(base.cycle.transition_warmup_frac),
                            float(base.train.warmup_frac))

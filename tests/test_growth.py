@@ -108,11 +108,43 @@ def test_the_stable_curve_keeps_the_evals_before_the_cool_down():
     growth.stable_curve("s", [(1e9, 6.0, 1.0), (2e9, 5.0, 0.5)])
 
 
+def short_target_stage(records):
+  """A grown run's records with only two of its evals at the peak rate left (the first two after growing)."""
+  return [r for r in records if not 3 <= (r["step"] - 400) // 100 <= 6]
+
+
 def test_the_growth_rate_is_read_from_a_runs_metrics():
   for rate in (0.4, 1.0):
     r = growth.rate_from_records(records_of_a_grown_run(rate), STABLE)
-    assert r["rate"] == pytest.approx(rate, rel=1e-3) and r["landing_loss"] == 5.0
+    assert r["rate"] == pytest.approx(rate, rel=1e-3) and r["landing_loss"] == 5.0 and r["evals"] == 6
+  assert growth.rate_from_records(short_target_stage(records_of_a_grown_run(1.0)), STABLE)["evals"] == 2
   assert growth.rate_from_records(records_of_a_grown_run(1.0)[2:], STABLE) is None  # No growth in it.
+
+
+def test_the_plan_reads_growth_rates_only_from_runs_with_enough_evals(tmp_path):
+  """--growth_rates_from leaves out a run whose target had fewer than growth.MIN_EVALS evals at its peak rate (eval
+  noise decides such a rate), and refuses when no run has enough."""
+  from absl import app
+  from experiments import plan_vcycle
+  from experiments.configs.common import load_config
+  target = tmp_path / "scratch.json"
+  target.write_text(json.dumps({"budgets": [{"steps": 8000, "scratch": {"total_flops": 8000 * STEP,
+                                                                         "final_eval_loss": 3.0},
+                                             "scratch_curve": [[f, 0.0, l] for f, l in STABLE.points]}]}))
+  runs = {}
+  for name, recs in (("long", records_of_a_grown_run(0.5)), ("short", short_target_stage(records_of_a_grown_run(3.0)))):
+    runs[name] = tmp_path / name
+    runs[name].mkdir()
+    runs[name].joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+  base = load_config(os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test")
+  base.train.decay = "wsd"
+  record = {}
+  plan_vcycle.wsd_settings(base, None, record, [str(target)], [], [f"depth={runs['long']}+{runs['short']}"])
+  m = record["growth_rates_measured"]["depth"]
+  assert m["rate"] == pytest.approx(0.5, rel=1e-3) and m["too_few_evals"] == [str(runs["short"])]
+  assert [r["evals"] for r in m["runs"]] == [6, 2]
+  with pytest.raises(app.UsageError, match=r"fewer than 3 evals between its growth and its cool-down \(\[2\]\)"):
+    plan_vcycle.wsd_settings(base, None, {}, [str(target)], [], [f"depth={runs['short']}"])
 
 
 def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
@@ -238,13 +270,21 @@ def test_the_growth_rates_benchmark_reads_a_variants_rate_off_its_curve(tmp_path
   curve += [[hand + k * 200 * STEP, 0.0, STABLE.loss_at(land + 0.6 * k * 200 * STEP), 0] for k in range(1, 6)]
   end = total  # The run's last 1600 steps cool down: evals there are left out.
   curve += [[end - 400 * STEP, 0.0, 3.2, 0], [end, 0.0, 3.1, 0]]
+  # The same growth with a short target stage: two evals before the cool-down, at 3x, shown and left out of the mean.
+  short = curve[:3] + [[hand + 2 * 200 * STEP, 0.0, STABLE.loss_at(land + 3.0 * 2 * 200 * STEP), 0]] + curve[-2:]
   runs = tmp_path / "runs.json"
-  runs.write_text(json.dumps({"budgets": [{"steps": steps, "variants": {"depth_only_w0": {
-      "curve": curve, "total_flops": end, "handover_jumps": [0.0]}}}]}))
-  a = types.SimpleNamespace(target=[str(target)], runs=[str(runs)], kind=["depth_only_w0=depth"], cooldown_frac=0.2)
+  runs.write_text(json.dumps({"budgets": [{"steps": steps, "variants": {
+      "depth_only_w0": {"curve": curve, "total_flops": end, "handover_jumps": [0.0]},
+      "depth_short": {"curve": short, "total_flops": end, "handover_jumps": [0.0]}}}]}))
+  a = types.SimpleNamespace(target=[str(target)], runs=[str(runs)], kind=["depth_only_w0=depth", "depth_short=depth"],
+                            cooldown_frac=0.2)
   d = growth_rates.measure(a)
-  assert d["rates"]["depth"]["mean"] == pytest.approx(0.6, rel=1e-6) and d["rows"][0]["landing_loss"] == 4.5
-  assert "| depth | 4.500 |" in growth_rates.table(d)
+  assert d["rates"]["depth"] == {"mean": pytest.approx(0.6, rel=1e-6), "min": pytest.approx(0.6, rel=1e-6),
+                                 "max": pytest.approx(0.6, rel=1e-6), "n": 1}
+  assert d["rows"][0]["landing_loss"] == 4.5 and d["rows"][0]["evals"] == 5 and d["rows"][0]["used"]
+  assert d["rows"][1]["evals"] == 2 and not d["rows"][1]["used"] and d["rows"][1]["rate"] > 1.5
+  text = growth_rates.table(d)
+  assert "| depth | 4.500 |" in text and "| 2 (too few: not in the means) |" in text
 
 
 @pytest.mark.parametrize("fresh", [False, True])

@@ -26,6 +26,11 @@ from typing import Sequence
 
 from multilevel.cycles.frontier import Frontier, backtrack, best_table, check_rates
 
+# The fewest evals of a grown model at its peak rate (after its growth, before any cool-down) that a growth rate is
+# read from. With one or two, eval noise decides the rate: DeiT's planned target at 44 tokens/param (47 steps, one
+# eval on 1,024 images) read -0.13x on one seed and 9.1x on another; BERT's stacked target (one eval) 0.07x.
+MIN_EVALS = 3
+
 
 # --------------------------------------------------------------------------------------------- stable curves
 
@@ -106,7 +111,8 @@ def mean_jump(jumps: Sequence[dict]) -> float:
 def growth_rate(points: Sequence[tuple[float, float]], target: Frontier) -> dict | None:
   """How fast a grown model learned, from ``points`` = (FLOPs, eval loss) of it at its peak rate, the hand-over first
   (its landing loss) and the last before any cool-down: the distance it moved on ``target`` (the grown model's
-  stable curve) over the FLOPs it spent. None where the curve does not reach a loss or too few points."""
+  stable curve) over the FLOPs it spent; ``evals``: the points after the first (fewer than ``MIN_EVALS`` is not a
+  measurement to price with). None where the curve does not reach a loss or too few points."""
   pts = sorted(points)
   if len(pts) < 2:
     return None
@@ -115,7 +121,7 @@ def growth_rate(points: Sequence[tuple[float, float]], target: Frontier) -> dict
   if p0 is None or p1 is None or f1 <= f0:
     return None
   return {"rate": (p1 - p0) / (f1 - f0), "landing_loss": l0, "last_loss": l1, "flops": f1 - f0,
-          "scratch_flops": p1 - p0}
+          "scratch_flops": p1 - p0, "evals": len(pts) - 1}
 
 
 def rate_from_records(records: Sequence[dict], target: Frontier) -> dict | None:

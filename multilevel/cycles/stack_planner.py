@@ -36,10 +36,6 @@ ORDER = "stride"
 # the one its doubling's rate was measured at before the plan says so: LLaMA's 2-layer model learned at 3.03x after a
 # 320-step 1-layer stage and at 1.0-1.2x after an 80-step one (benchmarks/SAVINGS.md, "A floor on every stage").
 RATES_SPAN = 2.0
-# The fewest evals of a stacked model before its cool-down that a rate is read from: with one or two the fit cannot
-# tell the recovery (the delay) from the pace, and a short target stage (BERT's plan: one eval in 48 stable steps)
-# read 0.07x.
-MIN_EVALS = 3
 
 
 def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops: Sequence[float],
@@ -51,7 +47,7 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
   cool-down starts), the model's position on its stable curve against the steps it trained, fitted as
   ``rate * (steps - delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its
   scratch run's pace from the loss it took over. ``overall`` is the plain ratio (``growth.growth_rate``), ``evals``
-  the number of evals fitted (fewer than ``MIN_EVALS`` is not a measurement to price with). None for a growth with
+  the number of evals fitted (fewer than ``growth.MIN_EVALS`` is not a measurement to price with). None for a growth with
   no such evals or no curve."""
   out = []
   for i in range(1, len(curve)):
