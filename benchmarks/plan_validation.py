@@ -1,0 +1,148 @@
+"""How close the planner's predictions came: every measured plan's predicted saving beside its seeds' savings.
+
+  python -m benchmarks.plan_validation --checks=benchmarks/results/plan_validation_checks.txt \
+      --out=benchmarks/results/plan_validation.json
+
+--checks lists one measured plan per line, ``FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS`` (paths relative to the
+file; ``#`` starts a comment): PLAN is the ``plan.json`` that ``experiments.plan`` wrote (its
+``plan.predicted_saving``), SEEDS the ``benchmarks.seeds_shifted`` rows of its runs (each seed's saving on the fitted
+frontier the plan was priced from, shifted by that seed's own scratch run). Per plan: the seeds' mean, range and
+standard error, the error (measured mean minus predicted, in points of the saving), and whether it lies within 5
+points (the long-budget issue's bar) and whether the prediction lies inside the 95% interval of the seeds' mean
+(Student's t over the seeds: what they can tell apart; with three seeds it is 4.3 standard errors wide either way). A
+seed whose run ended past the fit's range has no saving to read (``unread``) and is left out of the mean. Then, per
+family, per method and over all plans: the mean absolute error and the mean error (its sign: + the plans saved more
+than predicted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+import scipy.stats
+from absl import app, flags
+
+from benchmarks import cli
+
+BAR = 0.05  # The long-budget issue's bar: predicted within 5 points of the measured saving.
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("checks", "", "Text file: FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS per line.", flag_values=fv)
+  flags.DEFINE_string("out", "", "JSON to write the table to.", flag_values=fv)
+
+
+def read_checks(path: str) -> list[dict]:
+  """The lines of a checks file as dicts (paths made absolute against the file's folder)."""
+  if not os.path.exists(path):
+    raise app.UsageError(f"--checks={path}: no such file.")
+  base, out = os.path.dirname(os.path.abspath(path)), []
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      words = line.split("#", 1)[0].split()
+      if not words:
+        continue
+      if len(words) != 5:
+        raise app.UsageError(f"{path}:{n}: expected FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS, got {line.strip()!r}.")
+      family, corpus, tpp, plan, seeds = words
+      try:
+        tpp = float(tpp)
+      except ValueError:
+        raise app.UsageError(f"{path}:{n}: tokens per parameter {tpp!r} is not a number.") from None
+      out.append({"family": family, "corpus": corpus, "tokens_per_param": tpp,
+                  "plan": os.path.join(base, plan), "seeds": os.path.join(base, seeds)})
+  if not out:
+    raise app.UsageError(f"--checks={path}: no plan listed.")
+  return out
+
+
+def _load(path: str, what: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except OSError as e:
+    raise app.UsageError(f"{what} {path}: {e.strerror}.") from None
+  except json.JSONDecodeError as e:
+    raise app.UsageError(f"{what} {path}: not JSON ({e}).") from None
+
+
+def check(c: dict) -> dict:
+  """One plan's prediction against its seeds."""
+  plan, seeds = _load(c["plan"], "plan"), _load(c["seeds"], "seeds")
+  predicted = (plan.get("plan") or {}).get("predicted_saving")
+  if not isinstance(predicted, (int, float)):
+    raise app.UsageError(f"plan {c['plan']}: no plan.predicted_saving (is it a plan.json of experiments.plan?).")
+  rows = seeds.get("rows")
+  if not isinstance(rows, list) or not rows:
+    raise app.UsageError(f"seeds {c['seeds']}: no rows (is it the output of benchmarks.seeds_shifted?).")
+  if seeds.get("budget") is not None and plan.get("steps") is not None and seeds["budget"] != plan["steps"]:
+    raise app.UsageError(f"{c['seeds']} reads budget {seeds['budget']}, but {c['plan']} plans {plan['steps']} steps.")
+  read = [(r["seed"], r["saving"]) for r in rows if r.get("saving") is not None]
+  if not read:
+    raise app.UsageError(f"seeds {c['seeds']}: no seed has a saving to read (every run ended past the fit).")
+  s = [x for _, x in read]
+  mean = statistics.mean(s)
+  se = statistics.stdev(s) / math.sqrt(len(s)) if len(s) > 1 else None
+  half = None if se is None else float(scipy.stats.t.ppf(0.975, len(s) - 1)) * se  # The 95% interval's half-width.
+  err = mean - predicted
+  return {"family": c["family"], "corpus": c["corpus"], "tokens_per_param": c["tokens_per_param"],
+          "plan": os.path.basename(c["plan"]), "seeds_file": os.path.basename(c["seeds"]),
+          "method": plan["plan"].get("method"), "steps": plan.get("steps"), "predicted": predicted,
+          "seeds": [{"seed": k, "saving": x} for k, x in read], "unread": [r["seed"] for r in rows
+                                                                           if r.get("saving") is None],
+          "n": len(s), "mean": mean, "min": min(s), "max": max(s), "se": se, "ci95": half, "error": err,
+          "within_bar": abs(err) <= BAR, "within_ci": None if half is None else abs(err) <= half}
+
+
+def summarize(rows: list[dict]) -> dict:
+  """Mean absolute and mean signed error, the counts within the bar and inside the seeds' 95% interval."""
+  errs = [r["error"] for r in rows]
+  noisy = [r for r in rows if r["within_ci"] is not None]
+  return {"plans": len(rows), "mean_abs_error": statistics.mean(abs(e) for e in errs),
+          "mean_error": statistics.mean(errs), "within_bar": sum(r["within_bar"] for r in rows),
+          "within_ci": sum(bool(r["within_ci"]) for r in noisy), "with_ci": len(noisy)}
+
+
+def method_kind(method: str | None) -> str:
+  """The schedule a plan's ``method`` names: 'vcycle', 'stackbert' or 'scratch'."""
+  return (method or "scratch").split()[0]
+
+
+def measure(a) -> dict:
+  if not a.checks:
+    raise app.UsageError("Give --checks (a file of FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS lines).")
+  rows = [check(c) for c in read_checks(a.checks)]
+  families = sorted({r["family"] for r in rows})
+  kinds = sorted({method_kind(r["method"]) for r in rows})
+  return {"command": cli.command("benchmarks.plan_validation"), "bar": BAR, "rows": rows,
+          "by_family": {f: summarize([r for r in rows if r["family"] == f]) for f in families},
+          "by_method": {k: summarize([r for r in rows if method_kind(r["method"]) == k]) for k in kinds},
+          "all": summarize(rows)}
+
+
+def table(d: dict) -> str:
+  pct = lambda x: f"{100 * x:+.1f}"
+  lines = ["| family | corpus | tokens/param | plan | method | predicted | measured mean [min, max] (seeds) | "
+           "error (points) | 95% interval (points, either way) | within 5 | inside the interval |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in d["rows"]:
+    seeds = f"{r['n']}" + (f", {len(r['unread'])} past the fit" if r["unread"] else "")
+    ci = "" if r["ci95"] is None else f"{100 * r['ci95']:.1f}"
+    yes = lambda b: "" if b is None else ("yes" if b else "**no**")
+    lines.append(f"| {r['family']} | {r['corpus']} | {r['tokens_per_param']:g} | {r['plan']} | {r['method']} | "
+                 f"{pct(r['predicted'])}% | {pct(r['mean'])}% [{pct(r['min'])}, {pct(r['max'])}] ({seeds}) | "
+                 f"{100 * r['error']:+.1f} | {ci} | {yes(r['within_bar'])} | {yes(r['within_ci'])} |")
+  lines += ["", "| | plans | mean absolute error (points) | mean error | within 5 points | inside the 95% interval |",
+            "|---|---|---|---|---|---|"]
+  groups = list(d["by_family"].items()) + list(d["by_method"].items()) + [("all", d["all"])]
+  for name, s in groups:
+    lines.append(f"| {name} | {s['plans']} | {100 * s['mean_abs_error']:.1f} | {100 * s['mean_error']:+.1f} | "
+                 f"{s['within_bar']} of {s['plans']} | {s['within_ci']} of {s['with_ci']} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  cli.run_report(define_flags, measure, table)

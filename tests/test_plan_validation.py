@@ -1,0 +1,85 @@
+"""benchmarks.plan_validation: each measured plan's predicted saving against its seeds, and the errors summed up."""
+
+import json
+import os
+import types
+
+import pytest
+from absl import app
+
+from benchmarks import plan_validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(path, obj):
+  path.write_text(json.dumps(obj))
+  return path.name
+
+
+def seeds(budget, savings):
+  return {"budget": budget, "rows": [{"seed": s, "saving": x} for s, x in savings]}
+
+
+def checks(tmp_path, lines):
+  f = tmp_path / "checks.txt"
+  f.write_text("# a comment line\n\n" + "\n".join(lines) + "\n")
+  return types.SimpleNamespace(checks=str(f), out="")
+
+
+def test_each_plan_is_held_against_its_seeds_and_the_errors_are_summed(tmp_path):
+  a = write(tmp_path / "plan_a.json", {"steps": 1400, "plan": {"method": "vcycle from L1", "predicted_saving": 0.30}})
+  b = write(tmp_path / "plan_b.json", {"steps": 500, "plan": {"method": "stackbert from 1-layer, 3 stages",
+                                                              "predicted_saving": 0.40}})
+  sa = write(tmp_path / "seeds_a.json", seeds(1400, [(42, 0.25), (1, 0.27), (2, 0.29)]))
+  sb = write(tmp_path / "seeds_b.json", seeds(500, [(42, 0.50), (1, None), (2, 0.52)]))
+  d = plan_validation.measure(checks(tmp_path, [f"gpt gcide 20.9 {a} {sa}  # the V-cycle",
+                                                f"bert gcide 7.3 {b} {sb}"]))
+  r, q = d["rows"]
+  assert (r["plan"], r["n"], r["unread"]) == ("plan_a.json", 3, [])
+  assert r["mean"] == pytest.approx(0.27) and r["error"] == pytest.approx(-0.03) and r["within_bar"]
+  # Student's t over three seeds: 4.303 standard errors (stdev 0.02 / sqrt(3)) either way.
+  assert r["se"] == pytest.approx(0.02 / 3 ** 0.5) and r["ci95"] == pytest.approx(4.3027 * 0.02 / 3 ** 0.5, rel=1e-4)
+  assert r["within_ci"]
+  assert (q["n"], q["unread"], q["mean"]) == (2, [1], pytest.approx(0.51))  # The seed past the fit is left out.
+  assert q["error"] == pytest.approx(0.11) and not q["within_bar"]
+  assert q["ci95"] == pytest.approx(12.706 * 0.01, rel=1e-4) and q["within_ci"]
+  assert d["all"] == {"plans": 2, "mean_abs_error": pytest.approx(0.07), "mean_error": pytest.approx(0.04),
+                      "within_bar": 1, "within_ci": 2, "with_ci": 2}
+  assert set(d["by_family"]) == {"bert", "gpt"} and d["by_method"]["stackbert"]["mean_error"] == pytest.approx(0.11)
+  assert d["by_method"]["vcycle"]["plans"] == 1
+  text = plan_validation.table(d)
+  assert "| +30.0% | +27.0% [+25.0, +29.0] (3) | -3.0 | 5.0 | yes | yes |" in text
+  assert "(2, 1 past the fit) | +11.0 | 12.7 | **no** | yes |" in text
+  assert "| all | 2 | 7.0 | +4.0 | 1 of 2 | 2 of 2 |" in text
+
+
+def test_what_cannot_be_read_is_refused_with_the_line_or_file_that_is_wrong(tmp_path):
+  plan = write(tmp_path / "plan.json", {"steps": 1400, "plan": {"method": "vcycle", "predicted_saving": 0.3}})
+  good = write(tmp_path / "seeds.json", seeds(1400, [(42, 0.3)]))
+  cases = [
+      ([f"gpt gcide 20.9 {plan}"], "checks.txt:3: expected FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS"),
+      ([f"gpt gcide many {plan} {good}"], "tokens per parameter 'many' is not a number"),
+      ([f"gpt gcide 20.9 missing.json {good}"], "plan .*missing.json: No such file"),
+      ([f"gpt gcide 20.9 {plan} {write(tmp_path / 'other.json', seeds(500, [(42, 0.3)]))}"],
+       "reads budget 500, but .*plan.json plans 1400 steps"),
+      ([f"gpt gcide 20.9 {plan} {write(tmp_path / 'past.json', seeds(1400, [(42, None)]))}"],
+       "no seed has a saving to read"),
+      ([f"gpt gcide 20.9 {write(tmp_path / 'noplan.json', {'steps': 1400})} {good}"], "no plan.predicted_saving"),
+      ([], "no plan listed"),
+  ]
+  for lines, message in cases:
+    with pytest.raises(app.UsageError, match=message):
+      plan_validation.measure(checks(tmp_path, lines))
+  (tmp_path / "broken.json").write_text("{")
+  with pytest.raises(app.UsageError, match="seeds .*broken.json: not JSON"):
+    plan_validation.measure(checks(tmp_path, [f"gpt gcide 20.9 {plan} broken.json"]))
+
+
+def test_the_recorded_validation_is_what_its_checks_give():
+  """benchmarks/results/plan_validation.json is re-made from its checks file and the recorded plans and seeds."""
+  results = os.path.join(ROOT, "benchmarks", "results")
+  with open(os.path.join(results, "plan_validation.json")) as f:
+    recorded = json.load(f)
+  d = plan_validation.measure(types.SimpleNamespace(checks=os.path.join(results, "plan_validation_checks.txt")))
+  assert {k: v for k, v in d.items() if k != "command"} == {k: v for k, v in recorded.items() if k != "command"}
