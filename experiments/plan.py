@@ -166,7 +166,7 @@ def main(argv):
 
   from experiments import plan_stacking, plan_vcycle
   from experiments.configs.common import key_values
-  from multilevel.cycles import planner
+  from multilevel.cycles import plan_report, planner
   if _COMPILE_CACHE.value:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_COMPILE_CACHE.value))
   steps, spec, work = _STEPS.value, _CONFIG.value, _WORKDIR.value
@@ -322,6 +322,9 @@ def main(argv):
   if len(plans) > 1:
     plan = {**plan, "alternatives": [{k: p[k] for k in ("method", "predicted_saving", "overrides")}
                                      for p in plans if p is not plan]}
+    tie = plan_report.near_tie(plan, plan["alternatives"])
+    if tie is not None:  # A near tie with stacking (plan_report.NEAR_TIE): its method, as the printed note says.
+      plan = {**plan, "near_tie": tie["method"]}
   plan = {**plan, "budget": steps}
   if _ONLINE_STOP.value and plan["overrides"].get("cycle.method") != "vcycle":
     raise app.UsageError(f"--online_stop ends a V-cycle's small stage, and the plan is {plan['method']}; run it "

@@ -156,6 +156,15 @@ def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
   slow = planner.plan_vcycle(DECAYED, STEP, 8000, [depth, width], wsd=planner.Wsd(STABLE, rates={"width": 0.4}))
   assert slow["method"] == "vcycle from depth" and slow["pricing"].startswith("WSD")
   assert "priced under one WSD schedule" in planner.describe(slow)
+  # A stacking schedule predicted less than 5 points under the V-cycle kept: the plan calls it a near tie.
+  stack = lambda x: {"method": "stackbert from 1-layer, 3 stages", "predicted_saving": x, "overrides": {}}
+  s = slow["predicted_saving"]
+  tie = planner.describe({**slow, "alternatives": [stack(s - 0.049), stack(s - 0.03)]})
+  assert "note: a near tie (3.0 points, against stackbert from 1-layer, 3 stages)" in tie and "--methods=stackbert" in tie
+  assert "near tie" not in planner.describe({**slow, "alternatives": [stack(s - 0.051)]})
+  from multilevel.cycles import plan_report
+  assert plan_report.near_tie({"method": "stackbert from 1-layer", "predicted_saving": s}, [
+      {"method": "vcycle from depth", "predicted_saving": s - 0.01}]) is None  # Only a V-cycle kept is noted.
   o = slow["overrides"]
   assert round(o["cycle.up_fracs"][0] * 8000) == slow["big_steps"] >= math.ceil(1600 / 0.95)
   with pytest.raises(ValueError, match="have none"):
