@@ -13,6 +13,12 @@ points (the long-budget issue's bar) and whether the prediction lies inside the 
 seed whose run ended past the fit's range has no saving to read (``unread``) and is left out of the mean. Then, per
 family, per method and over all plans: the mean absolute error and the mean error (its sign: + the plans saved more
 than predicted).
+
+``--excess=FAMILY:CORPUS:STEPS:KIND=NATS`` asks what a prediction would have been had the plan's target gained NATS
+more in its cool-down than scratch does from the same loss (``benchmarks.stack_rates`` reads this *cool-down excess*
+off finished runs; KIND is the plan's method, ``vcycle`` or ``stackbert``): the plan ends NATS lower, read on the
+seeds' fitted frontier (saving' = 1 - (1 - saving) F(L_T) / F(L_T - NATS), L_T the fit's loss at the budget), beside
+the errors without it, over the plans it covers.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ BAR = 0.05  # The long-budget issue's bar: predicted within 5 points of the meas
 
 def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("checks", "", "Text file: FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS per line.", flag_values=fv)
+  flags.DEFINE_multi_string("excess", [], "FAMILY:CORPUS:STEPS:KIND=NATS: a cool-down excess to re-read those "
+                            "plans' predictions with.", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON to write the table to.", flag_values=fv)
 
 
@@ -111,16 +119,71 @@ def method_kind(method: str | None) -> str:
   return (method or "scratch").split()[0]
 
 
+def parse_excess(items) -> dict:
+  """``--excess`` as {(family, corpus, steps, kind): nats}."""
+  out = {}
+  for item in items or ():
+    key, eq, value = item.rpartition("=")
+    parts = key.split(":")
+    try:
+      if not eq or len(parts) != 4 or parts[3] not in ("vcycle", "stackbert"):
+        raise ValueError
+      out[(parts[0], parts[1], int(parts[2]), parts[3])] = float(value)
+    except ValueError:
+      raise app.UsageError(f"--excess takes FAMILY:CORPUS:STEPS:KIND=NATS with KIND vcycle or stackbert, got "
+                           f"{item!r}.") from None
+  return out
+
+
+def with_excess(r: dict, plan: dict, fit: dict, nats: float) -> float:
+  """The plan's predicted saving had its target ended ``nats`` lower than priced, read on the seeds' fit
+  L(F) = E + A F^-a."""
+  e, amp, a = fit["E"], fit["A"], fit["a"]
+  budget = plan["predicted_flops"] / (1 - r["predicted"])
+  cost = lambda loss: (amp / (loss - e)) ** (1 / a)
+  goal = e + amp * budget ** -a
+  if goal - nats <= e:
+    raise app.UsageError(f"--excess={nats:g} for {r['plan']} puts its final loss under the fit's floor E={e:.3f}.")
+  return 1 - (1 - r["predicted"]) * cost(goal) / cost(goal - nats)
+
+
+def _excess_rows(rows: list[dict], checks: list[dict], excess: dict) -> dict | None:
+  """Adds ``excess`` / ``predicted_excess`` / ``error_excess`` to the rows ``excess`` covers; the errors over them."""
+  if not excess:
+    return None
+  covered = []
+  for r, c in zip(rows, checks):
+    nats = excess.get((r["family"], r["corpus"], r["steps"], method_kind(r["method"])))
+    if nats is None:
+      continue
+    fit = _load(c["seeds"], "seeds").get("fit")
+    if not fit:
+      raise app.UsageError(f"seeds {c['seeds']}: no fit to read an excess on.")
+    r["excess"], r["predicted_excess"] = nats, with_excess(r, _load(c["plan"], "plan")["plan"], fit, nats)
+    r["error_excess"] = r["mean"] - r["predicted_excess"]
+    covered.append(r)
+  unused = set(excess) - {(r["family"], r["corpus"], r["steps"], method_kind(r["method"])) for r in covered}
+  if unused:
+    raise app.UsageError(f"--excess names no listed plan: {sorted(unused)}.")
+  mae = lambda k: statistics.mean(abs(r[k]) for r in covered)
+  return {"plans": len(covered), "mean_abs_error": mae("error"), "mean_abs_error_excess": mae("error_excess"),
+          "within_bar": sum(abs(r["error"]) <= BAR for r in covered),
+          "within_bar_excess": sum(abs(r["error_excess"]) <= BAR for r in covered)}
+
+
 def measure(a) -> dict:
   if not a.checks:
     raise app.UsageError("Give --checks (a file of FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS lines).")
-  rows = [check(c) for c in read_checks(a.checks)]
+  excess = parse_excess(getattr(a, "excess", None))
+  checks = read_checks(a.checks)
+  rows = [check(c) for c in checks]
+  whatif = _excess_rows(rows, checks, excess)
   families = sorted({r["family"] for r in rows})
   kinds = sorted({method_kind(r["method"]) for r in rows})
   return {"command": cli.command("benchmarks.plan_validation"), "bar": BAR, "rows": rows,
           "by_family": {f: summarize([r for r in rows if r["family"] == f]) for f in families},
           "by_method": {k: summarize([r for r in rows if method_kind(r["method"]) == k]) for k in kinds},
-          "all": summarize(rows)}
+          "all": summarize(rows), **({"excess": whatif} if whatif else {})}
 
 
 def table(d: dict) -> str:
@@ -141,6 +204,17 @@ def table(d: dict) -> str:
   for name, s in groups:
     lines.append(f"| {name} | {s['plans']} | {100 * s['mean_abs_error']:.1f} | {100 * s['mean_error']:+.1f} | "
                  f"{s['within_bar']} of {s['plans']} | {s['within_ci']} of {s['with_ci']} |")
+  w = d.get("excess")
+  if w:
+    lines += ["", "| plan | cool-down excess (nats) | predicted | with the excess | measured | error | with the excess |",
+              "|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+      if "excess" in r:
+        lines.append(f"| {r['plan']} | {r['excess']:+.3f} | {pct(r['predicted'])}% | {pct(r['predicted_excess'])}% | "
+                     f"{pct(r['mean'])}% | {100 * r['error']:+.1f} | {100 * r['error_excess']:+.1f} |")
+    lines.append(f"\nOver these {w['plans']} plans: mean absolute error {100 * w['mean_abs_error']:.1f} points, "
+                 f"{100 * w['mean_abs_error_excess']:.1f} with the excess; within 5 points {w['within_bar']}, "
+                 f"{w['within_bar_excess']} with it.")
   return "\n".join(lines)
 
 

@@ -83,3 +83,31 @@ def test_the_recorded_validation_is_what_its_checks_give():
     recorded = json.load(f)
   d = plan_validation.measure(types.SimpleNamespace(checks=os.path.join(results, "plan_validation_checks.txt")))
   assert {k: v for k, v in d.items() if k != "command"} == {k: v for k, v in recorded.items() if k != "command"}
+
+
+def test_a_cool_down_excess_re_reads_the_predictions_it_names(tmp_path):
+  """--excess: the plan's target ends that many nats lower, read on the seeds' fit; only the plans it names."""
+  fit = {"E": 2.0, "A": 100.0, "a": 0.5}  # L(F) = 2 + 100 / sqrt(F): F(L) = (100 / (L - 2))^2.
+  a = write(tmp_path / "plan_a.json", {"steps": 1400, "plan": {"method": "vcycle from L1", "predicted_saving": 0.2,
+                                                              "predicted_flops": 0.8e4}})
+  b = write(tmp_path / "plan_b.json", {"steps": 500, "plan": {"method": "stackbert from 1-layer",
+                                                             "predicted_saving": 0.4, "predicted_flops": 600.0}})
+  sa = write(tmp_path / "seeds_a.json", {**seeds(1400, [(42, 0.02), (1, 0.06)]), "fit": fit})
+  sb = write(tmp_path / "seeds_b.json", {**seeds(500, [(42, 0.4)]), "fit": fit})
+  ns = checks(tmp_path, [f"gpt gcide 20.9 {a} {sa}", f"gpt gcide 7.5 {b} {sb}"])
+  ns.excess = ["gpt:gcide:1400:vcycle=-0.1"]
+  d = plan_validation.measure(ns)
+  r, q = d["rows"]
+  # Budget 1e4 FLOPs: scratch ends at 3.0 on the fit; 0.1 nats higher costs (100 / 1.1)^2 FLOPs, not 1e4.
+  assert r["predicted_excess"] == pytest.approx(1 - 0.8 * 1e4 / (100 / 1.1) ** 2)
+  assert r["error_excess"] == pytest.approx(0.04 - r["predicted_excess"]) and "excess" not in q
+  assert d["excess"] == {"plans": 1, "mean_abs_error": pytest.approx(0.16),
+                         "mean_abs_error_excess": pytest.approx(abs(0.04 - r["predicted_excess"])),
+                         "within_bar": 0, "within_bar_excess": 1}
+  assert "with the excess; within 5 points 0, 1 with it." in plan_validation.table(d)
+  for bad, message in ((["gpt:gcide:1400=0.1"], "FAMILY:CORPUS:STEPS:KIND=NATS"),
+                       (["gpt:gcide:2800:vcycle=0.1"], "names no listed plan"),
+                       (["gpt:gcide:1400:msg=0.1"], "KIND vcycle or stackbert")):
+    ns.excess = bad
+    with pytest.raises(app.UsageError, match=message):
+      plan_validation.measure(ns)
