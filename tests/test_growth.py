@@ -285,15 +285,22 @@ def test_the_growth_rates_benchmark_reads_a_variants_rate_off_its_curve(tmp_path
   runs.write_text(json.dumps({"budgets": [{"steps": steps, "variants": {
       "depth_only_w0": {"curve": curve, "total_flops": end, "handover_jumps": [0.0]},
       "depth_short": {"curve": short, "total_flops": end, "handover_jumps": [0.0]}}}]}))
-  a = types.SimpleNamespace(target=[str(target)], runs=[str(runs)], kind=["depth_only_w0=depth", "depth_short=depth"],
-                            cooldown_frac=0.2)
+  # The same run filed under another budget (a longer cool-down, so one eval fewer before it), at half the pace.
+  slower = curve[:2] + [[f, 0.0, STABLE.loss_at(land + 0.3 * (f - hand)), 0] for f, _, _, _ in curve[2:-2]] + curve[-2:]
+  other = tmp_path / "other.json"
+  other.write_text(json.dumps({"budgets": [{"steps": 7000, "variants": {
+      "depth_only_w0": {"curve": slower, "total_flops": end, "handover_jumps": [0.0]}}}]}))
+  a = types.SimpleNamespace(target=[str(target)], runs=[str(runs), str(other)],
+                            kind=["depth_only_w0=depth", "depth_short=depth"], cooldown_frac=0.2)
   d = growth_rates.measure(a)
-  assert d["rates"]["depth"] == {"mean": pytest.approx(0.6, rel=1e-6), "min": pytest.approx(0.6, rel=1e-6),
-                                 "max": pytest.approx(0.6, rel=1e-6), "n": 1}
+  assert d["rates"]["depth"] == {"mean": pytest.approx(0.45, rel=1e-6), "min": pytest.approx(0.3, rel=1e-6),
+                                 "max": pytest.approx(0.6, rel=1e-6), "n": 2}
   assert d["rows"][0]["landing_loss"] == 4.5 and d["rows"][0]["evals"] == 5 and d["rows"][0]["used"]
   assert d["rows"][1]["evals"] == 2 and not d["rows"][1]["used"] and d["rows"][1]["rate"] > 1.5
   text = growth_rates.table(d)
   assert "| depth | 4.500 |" in text and "| 2 (too few: not in the means) |" in text
+  assert d["by_budget"] == {"depth": {"7000": pytest.approx(0.3, rel=1e-6), "8000": pytest.approx(0.6, rel=1e-6)}}
+  assert "by budget: T=7000 0.30, T=8000 0.60" in text
 
 
 @pytest.mark.parametrize("fresh", [False, True])
