@@ -323,7 +323,7 @@ def main(argv):
     plan = {**plan, "alternatives": [{k: p[k] for k in ("method", "predicted_saving", "overrides")}
                                      for p in plans if p is not plan]}
     tie = plan_report.near_tie(plan, plan["alternatives"])
-    if tie is not None:  # A near tie with stacking (plan_report.NEAR_TIE): its method, as the printed note says.
+    if tie is not None:  # A near tie with the other method (plan_report.NEAR_TIE), as the printed note says.
       plan = {**plan, "near_tie": tie["method"]}
   plan = {**plan, "budget": steps}
   if _ONLINE_STOP.value and plan["overrides"].get("cycle.method") != "vcycle":

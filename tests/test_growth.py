@@ -163,8 +163,10 @@ def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
   assert "note: a near tie (3.0 points, against stackbert from 1-layer, 3 stages)" in tie and "--methods=stackbert" in tie
   assert "near tie" not in planner.describe({**slow, "alternatives": [stack(s - 0.051)]})
   from multilevel.cycles import plan_report
-  assert plan_report.near_tie({"method": "stackbert from 1-layer", "predicted_saving": s}, [
-      {"method": "vcycle from depth", "predicted_saving": s - 0.01}]) is None  # Only a V-cycle kept is noted.
+  kept = {"method": "stackbert from 1-layer", "predicted_saving": s}
+  v = {"method": "vcycle from depth", "predicted_saving": s - 0.01}
+  assert plan_report.near_tie(kept, [v]) == v  # Either way round; never against its own method or scratch.
+  assert plan_report.near_tie(kept, [stack(s - 0.01), {"method": "scratch", "predicted_saving": s - 0.01}]) is None
   o = slow["overrides"]
   assert round(o["cycle.up_fracs"][0] * 8000) == slow["big_steps"] >= math.ceil(1600 / 0.95)
   with pytest.raises(ValueError, match="have none"):
