@@ -229,6 +229,29 @@ def write_files(tmp_path):
   return target, files
 
 
+def test_a_runs_records_give_the_rates_its_benchmark_curve_gives():
+  """``--stack_rates_from`` reads a run's metrics as ``benchmarks.stack_rates`` reads its curve: the eval at a stage's
+  end is the loss the model hands over at (a short stage may have no other eval near it), the eval right after a
+  growth (no FLOPs of its own) is not a point."""
+  half = grown_curve(1.3, 5.5, 1e12, 1, HALF, H_STEP, 4, delay=30)
+  top = grown_curve(0.9, half[-1][2], half[-1][0], 0, STABLE, STEP, 4, delay=20)[1:]
+  recs, step = [{"step": 0, "level": 2, "flops": 2e11, "eval_loss": 6.5, "lr": 1e-3}], 0
+  for i, (f, _, loss, level) in enumerate(half + top):
+    step += 10
+    rec = {"step": step, "level": int(level), "flops": f, "eval_loss": loss, "lr": 1e-3}
+    if i == 0 or f == half[-1][0]:  # The hand-overs: the stage's last eval, then the grown model's untrained one.
+      recs += [{**rec, "event": "end_of_stage"}, {"step": step, "level": int(level) - 1, "eval_loss": loss + 0.3,
+                                                  "event": "after_stack"}]
+    else:
+      recs.append(rec)
+  curve = [[r["flops"], 0.0, r["eval_loss"], r["level"]] for r in recs if "flops" in r]  # As benchmarks.saving keeps.
+  stables, steps_of = [STABLE, HALF, QUARTER], [STEP, H_STEP, Q_STEP]
+  from_records = stack_planner.rates_from_records(recs, stables, steps_of)
+  assert from_records == stack_planner.stack_rates(curve, stables, steps_of, knee=top[-1][0])
+  assert [r["handover_loss"] for r in from_records] == [5.5, half[-1][2]]
+  assert [r["rate"] for r in from_records] == [pytest.approx(1.3, rel=1e-3), pytest.approx(0.9, rel=1e-3)]
+
+
 def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_path):
   from benchmarks import cli, stack_rates
   target, files = write_files(tmp_path)

@@ -90,10 +90,12 @@ def by_level(target_stable, target_step_flops: float, levels: Sequence[Candidate
 
 
 def rates_from_records(records: Sequence[dict], stables: Sequence, step_flops: Sequence[float]) -> list[dict | None]:
-  """``stack_rates`` of a stacking run from its metrics records: its evals (not those logged at a growth's event)
-  with their level, the cool-down taken to start after the last eval at the run's peak learning rate."""
-  evals = sorted((r for r in records if "eval_loss" in r and "flops" in r and "event" not in r and "level" in r),
-                 key=lambda r: r["step"])
+  """``stack_rates`` of a stacking run from its metrics records: its evals with their level, the points of the curve
+  ``benchmarks.saving`` keeps (the eval at a stage's end included: it is the loss the model hands over at; the evals
+  right after a growth have no FLOPs of their own and are not), the cool-down taken to start after the last eval at
+  the run's peak learning rate."""
+  evals = sorted((r for r in records if "eval_loss" in r and "flops" in r and "level" in r),
+                 key=lambda r: (r["step"], r["flops"]))
   lrs = [r["lr"] for r in records if "lr" in r]
   if not evals or not lrs:
     return []
