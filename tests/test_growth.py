@@ -158,15 +158,18 @@ def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
   assert "priced under one WSD schedule" in planner.describe(slow)
   # A stacking schedule predicted less than 5 points under the V-cycle kept: the plan calls it a near tie.
   stack = lambda x: {"method": "stackbert from 1-layer, 3 stages", "predicted_saving": x, "overrides": {}}
-  s = slow["predicted_saving"]
-  tie = planner.describe({**slow, "alternatives": [stack(s - 0.049), stack(s - 0.03)]})
+  s = 0.3
+  tie = planner.describe({**slow, "predicted_saving": s, "alternatives": [stack(s - 0.049), stack(s - 0.03)]})
   assert "note: a near tie (3.0 points, against stackbert from 1-layer, 3 stages)" in tie and "--methods=stackbert" in tie
-  assert "near tie" not in planner.describe({**slow, "alternatives": [stack(s - 0.051)]})
+  assert "near tie" not in planner.describe({**slow, "predicted_saving": s, "alternatives": [stack(s - 0.051)]})
   from multilevel.cycles import plan_report
   kept = {"method": "stackbert from 1-layer", "predicted_saving": s}
   v = {"method": "vcycle from depth", "predicted_saving": s - 0.01}
   assert plan_report.near_tie(kept, [v]) == v  # Either way round; never against its own method or scratch.
   assert plan_report.near_tie(kept, [stack(s - 0.01), {"method": "scratch", "predicted_saving": s - 0.01}]) is None
+  none = {"method": "scratch", "predicted_saving": 0.0}  # Nothing saves: no tie with a schedule predicted to lose.
+  assert plan_report.near_tie(none, [v, stack(-0.01)]) is None
+  assert plan_report.near_tie({**kept, "predicted_saving": 0.02}, [{**v, "predicted_saving": -0.01}]) is None
   o = slow["overrides"]
   assert round(o["cycle.up_fracs"][0] * 8000) == slow["big_steps"] >= math.ceil(1600 / 0.95)
   with pytest.raises(ValueError, match="have none"):

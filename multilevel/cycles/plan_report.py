@@ -32,9 +32,11 @@ NEAR_TIE = 0.05
 
 def near_tie(plan: dict, alternatives) -> dict | None:
   """The schedule of another method that ``plan`` was preferred to by less than ``NEAR_TIE`` of predicted saving (the
-  closest), or None."""
+  closest, and predicted to save something), or None; never when the plan is scratch."""
   kind = lambda p: p["method"].split()[0]
-  close = [a for a in alternatives if kind(a) not in (kind(plan), "scratch")
+  if kind(plan) == "scratch":
+    return None
+  close = [a for a in alternatives if kind(a) not in (kind(plan), "scratch") and a["predicted_saving"] > 0
            and plan["predicted_saving"] - a["predicted_saving"] < NEAR_TIE]
   return max(close, key=lambda a: a["predicted_saving"]) if close else None
 
