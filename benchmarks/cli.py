@@ -102,9 +102,7 @@ def command(module: str) -> str:
 def run_report(define: Define, measure: Callable[[types.SimpleNamespace], dict],
                table: Callable[[dict], str]) -> None:
   """``run`` for a script that reads results files into one report: ``measure(flags) -> dict`` is printed as
-  ``table(dict)`` and written as JSON to the script's ``--out`` (if given)."""
-  import json
-  import os
+  ``table(dict)`` and written as JSON to the script's ``--out`` (if given; ``write_report``)."""
 
   def main(argv):
     del argv
@@ -112,8 +110,15 @@ def run_report(define: Define, measure: Callable[[types.SimpleNamespace], dict],
     d = measure(a)
     print(table(d))
     if a.out:
-      os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-      with open(a.out, "w") as f:
-        json.dump(d, f, indent=1)
+      write_report(a.out, d)
 
   run(main, define)
+
+
+def write_report(path: str, d: dict) -> None:
+  """``d`` as JSON at ``path``, whole or not at all: a value JSON cannot hold, or a full disk, leaves an earlier file
+  there as it was and no partial one."""
+  import json
+
+  from multilevel.files import write_text_atomic
+  write_text_atomic(path, json.dumps(d, indent=1))

@@ -111,3 +111,15 @@ def test_a_cool_down_excess_re_reads_the_predictions_it_names(tmp_path):
     ns.excess = bad
     with pytest.raises(app.UsageError, match=message):
       plan_validation.measure(ns)
+
+
+def test_a_report_is_written_whole_or_not_at_all(tmp_path):
+  """benchmarks.cli.write_report (every report script's --out): a value JSON cannot hold leaves the earlier file as
+  it was and no partial or temporary one beside it."""
+  from benchmarks import cli
+  out = tmp_path / "report.json"
+  cli.write_report(str(out), {"plans": 2})
+  assert json.loads(out.read_text()) == {"plans": 2}
+  with pytest.raises(TypeError):
+    cli.write_report(str(out), {"plans": 3, "bad": object()})
+  assert json.loads(out.read_text()) == {"plans": 2} and [p.name for p in tmp_path.iterdir()] == ["report.json"]
