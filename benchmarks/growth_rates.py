@@ -79,7 +79,7 @@ def measure(a) -> dict:
                      "growth": kinds.get(name), **(r or {"rate": None})})
   groups = {}
   for r in rows:
-    r["used"] = r["rate"] is not None and r["evals"] >= growth.MIN_EVALS
+    r["used"] = growth.enough_evals(r)
     if r["growth"] and r["used"]:
       groups.setdefault(r["growth"], []).append(r["rate"])
   summary = {k: {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "n": len(v)} for k, v in groups.items()}

@@ -67,7 +67,7 @@ def measure(a) -> dict:
         for r in stack_planner.stack_rates(v["curve"], stables, steps_of, knee):
           if r is None:
             continue
-          used = r["evals"] >= growth.MIN_EVALS  # Fewer evals cannot tell the delay from the rate.
+          used = growth.enough_evals(r)  # Fewer evals cannot tell the delay from the rate.
           rows.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, "level": r["level"],
                        "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
                        "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]]),

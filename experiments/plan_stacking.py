@@ -102,7 +102,7 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                              f"are read from cycle.method='stackbert' runs (a V-cycle's growths are priced by "
                              f"--growth_rates_from).")
       for r in stack_planner.rates_from_records(read_metrics(w), stables, steps_of):
-        if r is not None and r["evals"] >= growth.MIN_EVALS:
+        if growth.enough_evals(r):
           measured.setdefault(r["level"], []).append((r["rate"], r["delay"], r["handover_loss"]))
     # Doubling j (shallowest first) grows into level n-1-j. One the runs did not measure (fewer than MIN_EVALS evals
     # of the grown model before the cool-down: a short target stage) keeps the rate, delay and loss of the flags.

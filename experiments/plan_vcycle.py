@@ -39,7 +39,7 @@ def wsd_settings(base, target_curve, record: dict, target_from: list[str], rates
         raise app.UsageError(f"--growth_rates_from={kind}={w}: no growth followed by evals at the target's peak "
                              f"rate on the target's stable curve; is it a V-cycle run of this config?")
       measured.append(dict(r, workdir=w))
-    used = [r for r in measured if r["evals"] >= growth.MIN_EVALS]
+    used = [r for r in measured if growth.enough_evals(r)]
     if not used:
       raise app.UsageError(
           f"--growth_rates_from={kind}={workdirs}: the target of each run has fewer than {growth.MIN_EVALS} evals "

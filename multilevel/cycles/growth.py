@@ -32,6 +32,12 @@ from multilevel.cycles.frontier import Frontier, backtrack, best_table, check_ra
 MIN_EVALS = 3
 
 
+def enough_evals(r: dict | None) -> bool:
+  """Whether a measured rate (``growth_rate``'s, or ``stack_planner.stack_rates``' per doubling) rests on at least
+  ``MIN_EVALS`` evals: the one rule every reader of rates applies."""
+  return r is not None and r.get("rate") is not None and r["evals"] >= MIN_EVALS
+
+
 # --------------------------------------------------------------------------------------------- stable curves
 
 
