@@ -77,9 +77,8 @@ def _load(path: str, what: str) -> dict:
     raise app.UsageError(f"{what} {path}: not JSON ({e}).") from None
 
 
-def check(c: dict) -> dict:
-  """One plan's prediction against its seeds."""
-  plan, seeds = _load(c["plan"], "plan"), _load(c["seeds"], "seeds")
+def check(c: dict, plan: dict, seeds: dict) -> dict:
+  """One plan's prediction against its seeds (``plan`` and ``seeds``: the files ``c`` names, read)."""
   predicted = (plan.get("plan") or {}).get("predicted_saving")
   if not isinstance(predicted, (int, float)):
     raise app.UsageError(f"plan {c['plan']}: no plan.predicted_saving (is it a plan.json of experiments.plan?).")
@@ -147,19 +146,18 @@ def with_excess(r: dict, plan: dict, fit: dict, nats: float) -> float:
   return 1 - (1 - r["predicted"]) * cost(goal) / cost(goal - nats)
 
 
-def _excess_rows(rows: list[dict], checks: list[dict], excess: dict) -> dict | None:
+def _excess_rows(rows: list[dict], checks: list[dict], docs: list[tuple[dict, dict]], excess: dict) -> dict | None:
   """Adds ``excess`` / ``predicted_excess`` / ``error_excess`` to the rows ``excess`` covers; the errors over them."""
   if not excess:
     return None
   covered = []
-  for r, c in zip(rows, checks):
+  for r, c, (plan, seeds) in zip(rows, checks, docs):
     nats = excess.get((r["family"], r["corpus"], r["steps"], method_kind(r["method"])))
     if nats is None:
       continue
-    fit = _load(c["seeds"], "seeds").get("fit")
-    if not fit:
+    if not seeds.get("fit"):
       raise app.UsageError(f"seeds {c['seeds']}: no fit to read an excess on.")
-    r["excess"], r["predicted_excess"] = nats, with_excess(r, _load(c["plan"], "plan")["plan"], fit, nats)
+    r["excess"], r["predicted_excess"] = nats, with_excess(r, plan["plan"], seeds["fit"], nats)
     r["error_excess"] = r["mean"] - r["predicted_excess"]
     covered.append(r)
   unused = set(excess) - {(r["family"], r["corpus"], r["steps"], method_kind(r["method"])) for r in covered}
@@ -176,8 +174,9 @@ def measure(a) -> dict:
     raise app.UsageError("Give --checks (a file of FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS lines).")
   excess = parse_excess(getattr(a, "excess", None))
   checks = read_checks(a.checks)
-  rows = [check(c) for c in checks]
-  whatif = _excess_rows(rows, checks, excess)
+  docs = [(_load(c["plan"], "plan"), _load(c["seeds"], "seeds")) for c in checks]  # Each file read once.
+  rows = [check(c, *d) for c, d in zip(checks, docs)]
+  whatif = _excess_rows(rows, checks, docs, excess)
   families = sorted({r["family"] for r in rows})
   kinds = sorted({method_kind(r["method"]) for r in rows})
   return {"command": cli.command("benchmarks.plan_validation"), "bar": BAR, "rows": rows,
