@@ -318,14 +318,7 @@ def main(argv):
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")
-  plan = max(plans, key=lambda p: p["predicted_saving"])  # The first of equal savings (the V-cycle's) wins.
-  if len(plans) > 1:
-    plan = {**plan, "alternatives": [{k: p[k] for k in ("method", "predicted_saving", "overrides")}
-                                     for p in plans if p is not plan]}
-    tie = plan_report.near_tie(plan, plan["alternatives"])
-    if tie is not None:  # A near tie with the other method (plan_report.NEAR_TIE), as the printed note says.
-      plan = {**plan, "near_tie": tie["method"]}
-  plan = {**plan, "budget": steps}
+  plan = {**plan_report.keep_best(plans), "budget": steps}
   if _ONLINE_STOP.value and plan["overrides"].get("cycle.method") != "vcycle":
     raise app.UsageError(f"--online_stop ends a V-cycle's small stage, and the plan is {plan['method']}; run it "
                          f"without --online_stop (or with --methods=vcycle).")

@@ -167,6 +167,9 @@ def test_the_wsd_plan_prices_each_candidate_with_its_growths_rate():
   v = {"method": "vcycle from depth", "predicted_saving": s - 0.01}
   assert plan_report.near_tie(kept, [v]) == v  # Either way round; never against its own method or scratch.
   assert plan_report.near_tie(kept, [stack(s - 0.01), {"method": "scratch", "predicted_saving": s - 0.01}]) is None
+  best = plan_report.keep_best([{**v, "overrides": {}}, {**kept, "overrides": {}}])  # As the plan command keeps it.
+  assert best["method"] == kept["method"] and best["near_tie"] == v["method"]
+  assert best["alternatives"] == [{**v, "overrides": {}}] and "near_tie" not in plan_report.keep_best([kept])
   none = {"method": "scratch", "predicted_saving": 0.0}  # Nothing saves: no tie with a schedule predicted to lose.
   assert plan_report.near_tie(none, [v, stack(-0.01)]) is None
   assert plan_report.near_tie({**kept, "predicted_saving": 0.02}, [{**v, "predicted_saving": -0.01}]) is None

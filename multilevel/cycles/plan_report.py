@@ -41,6 +41,18 @@ def near_tie(plan: dict, alternatives) -> dict | None:
   return max(close, key=lambda a: a["predicted_saving"]) if close else None
 
 
+def keep_best(plans: list[dict]) -> dict:
+  """The plan predicted to save most (the first of equal savings: the V-cycle's), the others as its
+  ``alternatives`` and, where one of another method comes within ``NEAR_TIE``, its method as ``near_tie``."""
+  plan = max(plans, key=lambda p: p["predicted_saving"])
+  if len(plans) == 1:
+    return plan
+  plan = {**plan, "alternatives": [{k: p[k] for k in ("method", "predicted_saving", "overrides")}
+                                   for p in plans if p is not plan]}
+  tie = near_tie(plan, plan["alternatives"])
+  return plan if tie is None else {**plan, "near_tie": tie["method"]}
+
+
 def describe(plan: dict) -> str:
   """The plan as a few lines for a terminal, then the schedules it was preferred to."""
   text = _describe_stack(plan) if "stage_steps" in plan else _describe_vcycle(plan)
