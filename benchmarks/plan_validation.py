@@ -10,7 +10,8 @@ frontier the plan was priced from, shifted by that seed's own scratch run). Per 
 standard error, the error (measured mean minus predicted, in points of the saving), and whether it lies within 5
 points (the long-budget issue's bar) and whether the prediction lies inside the 95% interval of the seeds' mean
 (Student's t over the seeds: what they can tell apart; with three seeds it is 4.3 standard errors wide either way). A
-seed whose run ended past the fit's range has no saving to read (``unread``) and is left out of the mean. Then, per
+seed whose run ended past the frontier's reach has no saving to read (``unread``) and is left out of the mean; where
+it ended below that reach, what it saved at least is shown (``unread_at_least``). Then, per
 family, per method and over all plans: the mean absolute error and the mean error (its sign: + the plans saved more
 than predicted).
 
@@ -100,6 +101,7 @@ def check(c: dict, plan: dict, seeds: dict) -> dict:
           "method": plan["plan"].get("method"), "steps": plan.get("steps"), "predicted": predicted,
           "seeds": [{"seed": k, "saving": x} for k, x in read], "unread": [r["seed"] for r in rows
                                                                            if r.get("saving") is None],
+          "unread_at_least": [r.get("saving_at_least") for r in rows if r.get("saving") is None],
           "n": len(s), "mean": mean, "min": min(s), "max": max(s), "se": se, "ci95": half, "error": err,
           "within_bar": abs(err) <= BAR, "within_ci": None if half is None else abs(err) <= half}
 
@@ -191,7 +193,9 @@ def table(d: dict) -> str:
            "error (points) | 95% interval (points, either way) | within 5 | inside the interval |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in d["rows"]:
-    seeds = f"{r['n']}" + (f", {len(r['unread'])} past the fit" if r["unread"] else "")
+    bounds = [x for x in r.get("unread_at_least", ()) if x is not None]
+    seeds = f"{r['n']}" + (f", {len(r['unread'])} past the frontier" if r["unread"] else "") + (
+        f": at least {', '.join(pct(x) for x in bounds)}" if bounds else "")
     ci = "" if r["ci95"] is None else f"{100 * r['ci95']:.1f}"
     yes = lambda b: "" if b is None else ("yes" if b else "**no**")
     lines.append(f"| {r['family']} | {r['corpus']} | {r['tokens_per_param']:g} | {r['plan']} | {r['method']} | "

@@ -32,7 +32,9 @@ def test_each_plan_is_held_against_its_seeds_and_the_errors_are_summed(tmp_path)
   b = write(tmp_path / "plan_b.json", {"steps": 500, "plan": {"method": "stackbert from 1-layer, 3 stages",
                                                               "predicted_saving": 0.40}})
   sa = write(tmp_path / "seeds_a.json", seeds(1400, [(42, 0.25), (1, 0.27), (2, 0.29)]))
-  sb = write(tmp_path / "seeds_b.json", seeds(500, [(42, 0.50), (1, None), (2, 0.52)]))
+  sb = seeds(500, [(42, 0.50), (1, None), (2, 0.52)])
+  sb["rows"][1]["saving_at_least"] = 0.6  # Seed 1 ended below what the frontier reaches: it saved at least 60%.
+  sb = write(tmp_path / "seeds_b.json", sb)
   d = plan_validation.measure(checks(tmp_path, [f"gpt gcide 20.9 {a} {sa}  # the V-cycle",
                                                 f"bert gcide 7.3 {b} {sb}"]))
   r, q = d["rows"]
@@ -41,7 +43,8 @@ def test_each_plan_is_held_against_its_seeds_and_the_errors_are_summed(tmp_path)
   # Student's t over three seeds: 4.303 standard errors (stdev 0.02 / sqrt(3)) either way.
   assert r["se"] == pytest.approx(0.02 / 3 ** 0.5) and r["ci95"] == pytest.approx(4.3027 * 0.02 / 3 ** 0.5, rel=1e-4)
   assert r["within_ci"]
-  assert (q["n"], q["unread"], q["mean"]) == (2, [1], pytest.approx(0.51))  # The seed past the fit is left out.
+  assert (q["n"], q["unread"], q["mean"]) == (2, [1], pytest.approx(0.51))  # The seed past the fit is left out,
+  assert q["unread_at_least"] == [0.6]  # its bound kept beside the mean.
   assert q["error"] == pytest.approx(0.11) and not q["within_bar"]
   assert q["ci95"] == pytest.approx(12.706 * 0.01, rel=1e-4) and q["within_ci"]
   assert d["all"] == {"plans": 2, "mean_abs_error": pytest.approx(0.07), "mean_error": pytest.approx(0.04),
@@ -50,7 +53,7 @@ def test_each_plan_is_held_against_its_seeds_and_the_errors_are_summed(tmp_path)
   assert d["by_method"]["vcycle"]["plans"] == 1
   text = plan_validation.table(d)
   assert "| +30.0% | +27.0% [+25.0, +29.0] (3) | -3.0 | 5.0 | yes | yes |" in text
-  assert "(2, 1 past the fit) | +11.0 | 12.7 | **no** | yes |" in text
+  assert "(2, 1 past the frontier: at least +60.0) | +11.0 | 12.7 | **no** | yes |" in text
   assert "| all | 2 | 7.0 | +4.0 | 1 of 2 | 2 of 2 |" in text
 
 

@@ -3,6 +3,7 @@
 written by hand (no training)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -258,13 +259,19 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
                                                                         "total_flops": 5e9})))
   (tmp_path / "b.json").write_text(json.dumps(entry(law(1e10) - 0.1, None)))
   a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=1000, variant="planned",
-                            seed=[f"1:{tmp_path / 'a.json'}+{tmp_path / 'b.json'}"], out="")
+                            seed=[f"1:{tmp_path / 'a.json'}+{tmp_path / 'b.json'}"], read="fit", out="")
   d = seeds_shifted.measure(a)
   assert [r["seed"] for r in d["rows"]] == [42, 1]
   assert d["rows"][1]["shift"] == pytest.approx(-0.1)
   assert [r["saving"] for r in d["rows"]] == [pytest.approx(0.5, abs=1e-6)] * 2
   assert d["mean"] == pytest.approx(0.5, abs=1e-6) and "| 1 |" in seeds_shifted.table(d)
   assert "seconds_saving" not in d["rows"][1]  # Seed 1's scratch is b.json's, not beside its variant: no seconds.
+  # A run ending where the fit puts scratch at 1e12 FLOPs, past twice the longest run: unread, at least 1 - F / 2e11.
+  (tmp_path / "far.json").write_text(json.dumps(entry(law(1e10), {"final_eval_loss": law(1e12), "total_flops": 5e9})))
+  a.seed = [f"3:{tmp_path / 'far.json'}"]
+  far = seeds_shifted.measure(a)["rows"][1]
+  assert far["saving"] is None and far["saving_at_least"] == pytest.approx(1 - 5e9 / 2e11)
+  a.seed = [f"1:{tmp_path / 'a.json'}+{tmp_path / 'b.json'}"]
   # A re-run in another session: scratch trained beside the variant, so their seconds compare. Scratch reaches the
   # variant's loss (the 1e10 point, shifted) with all its 1e10 FLOPs in 100 s; the variant took 60 s: 40% saved.
   (tmp_path / "c.json").write_text(json.dumps({"budgets": [{"steps": 1000, "scratch": {
@@ -283,6 +290,34 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
     (tmp_path / "d.json").write_text(json.dumps(d))
     a.seed = [f"42-again:{tmp_path / 'd.json'}"]
     assert "seconds_saving" not in seeds_shifted.measure(a)["rows"][1], mark
+
+
+def test_a_seed_is_read_on_the_measured_frontier_where_the_points_are_no_power_law(tmp_path):
+  """--read=measured: log-linear between the reference seed's decayed points (as the planner prices), shifted per
+  seed, None past the longest or the shortest; a plateau then a drop, which no E + A F^-a follows."""
+  import types
+  from absl import app
+  from benchmarks import seeds_shifted
+  pts = [(1e9, 5.35), (2e9, 5.25), (4e9, 5.20), (8e9, 4.90), (16e9, 4.85)]
+  summary = {"seed": 42, "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c,
+                                                       "final_eval_loss": l} for c, l in pts]},
+             "budgets": [{"steps": 400, "variants": {"planned": {"final_eval_loss": 5.05, "total_flops": 2e9}}}]}
+  (tmp_path / "ref.json").write_text(json.dumps(summary))
+  entry = lambda scratch, loss: {"budgets": [{"steps": 400, "scratch": {"final_eval_loss": scratch},
+                                              "variants": {"planned": {"final_eval_loss": loss, "total_flops": 2e9}}}]}
+  (tmp_path / "s1.json").write_text(json.dumps(entry(5.10, 4.95)))  # 0.1 under seed 42's 5.20: read at 5.05.
+  (tmp_path / "s2.json").write_text(json.dumps(entry(5.20, 4.80)))  # Past the longest point: not read.
+  a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=400, variant="planned", read="measured",
+                            seed=[f"1:{tmp_path / 's1.json'}", f"2:{tmp_path / 's2.json'}"], out="")
+  d = seeds_shifted.measure(a)
+  half_way = math.exp((math.log(4e9) + math.log(8e9)) / 2)  # 5.05 lies half way from 5.20 to 4.90.
+  assert [r["saving"] for r in d["rows"]] == [pytest.approx(1 - 2e9 / half_way)] * 2 + [None]
+  assert d["rows"][2]["saving_at_least"] == pytest.approx(1 - 2e9 / 16e9)  # Scratch needs more than its longest run.
+  assert "saving_at_least" not in d["rows"][1] and "| at least +88% |" in seeds_shifted.table(d)
+  assert d["read"] == "measured" and "measured frontier" in seeds_shifted.table(d)
+  a.read = "fit"  # The summary has no fit: said, with the other way out.
+  with pytest.raises(app.UsageError, match="--read=measured"):
+    seeds_shifted.measure(a)
 
 
 def test_the_curve_panels_read_runs_without_workdirs_from_the_results_file(tmp_path):
