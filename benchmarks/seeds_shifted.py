@@ -12,6 +12,11 @@ reference seed's fit moved by ``shift = best scratch loss of this seed - the ref
 budget``: a method run ending at loss L with F FLOPs saves ``1 - F / F_fit(L - shift)``. This assumes another seed
 moves the whole frontier by about as much as it moves the budget's point; the reference seed's own row is read on
 its unshifted fit, as ``analyze_saving`` reads it.
+
+``--read=measured`` reads on the reference seed's measured frontier instead (log-linear between its fully decayed
+points, as the planner prices), for a family whose points follow no power law (BERT's masked-LM plateau, then a drop);
+a chord between points far apart lies above a convex stretch and inflates what is read there. Either way, a run that
+ends below what the frontier reaches gets no saving but a floor (``saving_at_least``).
 """
 
 from __future__ import annotations
