@@ -25,7 +25,7 @@ def _saving(p: dict) -> str:
 
 # How close two methods' predictions may come before the plan calls them a near tie: closer than their errors on the
 # plans measured so far (benchmarks/results/plan_validation.json: 40 plans, the V-cycle's off by 9.2 points on
-# average, stacking's by 5.9). On BERT at 7.3 tokens/param the planner kept its V-cycle at +44.0% against stacking's
+# average, stacking's by 6.0). On BERT at 7.3 tokens/param the planner kept its V-cycle at +44.0% against stacking's
 # +43.7%, and they measured +38% [37, 39] and +46% [41, 53] (+34% and +46% on the fit to 2800 steps).
 NEAR_TIE = 0.05
 
