@@ -58,6 +58,13 @@ def run_cli(workdir: str, flags: list[str], env: dict | None = None, timeout: fl
                         env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_cmd(args: list[str], timeout: float = 300):
+  """Runs a command (e.g. ``[sys.executable, '-m', 'experiments.plan', ...]``) from the repository root on the CPU;
+  returns the CompletedProcess, its output captured as text."""
+  return subprocess.run(args, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                        timeout=timeout)
+
+
 def read_jsonl(path: str) -> list[dict]:
   with open(path, encoding="utf-8") as f:
     return [json.loads(ln) for ln in f if ln.strip()]

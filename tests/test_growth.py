@@ -4,7 +4,6 @@ planner's WSD plans (planner.Wsd, experiments.plan --pricing)."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ from multilevel.cycles import growth, planner
 from multilevel.cycles.frontier import Frontier, bound_at, ideal_cost
 from multilevel.cycles.planner import Candidate
 
-from engine_util import ROOT
+from engine_util import ROOT, run_cmd
 from wsd_curves import DECAYED, SMALL, STABLE, STEP, candidate, loglinear, records_of_a_grown_run
 
 
@@ -155,11 +154,9 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   other.mkdir()
   other.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records_of_a_grown_run(0.3)) + "\n")
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=4000", "--set=train.decay=wsd",
           f"--target_from={target}", f"--small_from={level}"]
-  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}+{other}", "--online_stop"],
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  r = run_cmd(args + [f"--workdir={tmp_path / 'w'}", f"--growth_rates_from=depth={run}+{other}", "--online_stop"])
   assert r.returncode == 0, r.stderr[-3000:]
   with open(tmp_path / "w" / "plan.json") as f:
     d = json.load(f)
@@ -187,11 +184,9 @@ def test_the_plan_command_prices_a_wsd_run_on_stable_curves_and_measured_rates(t
   stops = [s.stop for s in build_plan(model_config(c, None), c.cycle, c.train).stages if s.stop is not None]
   assert len(stops) == 1 and isinstance(stops[0], FrontierSwitch)
   assert [list(x) for x in stops[0].points] == d["wsd"]["target_stable"]
-  bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+  bad = run_cmd(args + [f"--workdir={tmp_path / 'b'}", "--growth_rates=sideways=0.5"])
   assert bad.returncode != 0 and "GROWTH one of" in bad.stderr
-  bad = subprocess.run(args + [f"--workdir={tmp_path / 'm'}", "--margins=0.02,1.5"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+  bad = run_cmd(args + [f"--workdir={tmp_path / 'm'}", "--margins=0.02,1.5"])
   assert bad.returncode != 0 and "--margins=0.02,1.5: give LANDING,SLOWER" in bad.stderr
   assert not (tmp_path / "m").exists()  # Refused before any pilot or file.
   assert "if the target lands 0.020 nats higher" in r.stdout and len(p["margins"]) == 3  # The defaults.

@@ -3,14 +3,13 @@ benchmarks.stack_rates, experiments.plan --stack_rates_from), and the plan price
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from multilevel.cycles import planner, stack_planner
 
-from engine_util import ROOT
+from engine_util import ROOT, run_cmd
 from stack_curves import H_STEP, HALF, LEVELS, Q_STEP, QUARTER, grown_curve, write_files
 from wsd_curves import DECAYED, STABLE, STEP
 
@@ -102,9 +101,8 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8000", "--set=train.decay=wsd",
           "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert", f"--stack_from={','.join(files)}"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rates_from={run}", "--stack_min_stage_frac=0.2"],
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  r = run_cmd(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rates_from={run}",
+                      "--stack_min_stage_frac=0.2"])
   assert r.returncode == 0, r.stderr[-3000:]
   d = json.loads((tmp_path / "w" / "plan.json").read_text())
   m = d["stack_rates_measured"]
@@ -131,17 +129,13 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   vrun.mkdir()
   vrun.joinpath("metrics.jsonl").write_text(run.joinpath("metrics.jsonl").read_text())
   vrun.joinpath("run.json").write_text(json.dumps({"config": {"cycle": {"method": "vcycle"}}}))
-  vc = subprocess.run(args + [f"--workdir={tmp_path / 'v'}", f"--stack_rates_from={vrun}"], cwd=ROOT, env=env,
-                      capture_output=True, text=True, timeout=300)
+  vc = run_cmd(args + [f"--workdir={tmp_path / 'v'}", f"--stack_rates_from={vrun}"])
   assert vc.returncode != 0 and "that run is cycle.method='vcycle'" in vc.stderr
-  bad = subprocess.run(args + [f"--workdir={tmp_path / 'b'}", "--stack_rates=0.9"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+  bad = run_cmd(args + [f"--workdir={tmp_path / 'b'}", "--stack_rates=0.9"])
   assert bad.returncode != 0 and "give one per doubling" in bad.stderr
-  floor = subprocess.run(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+  floor = run_cmd(args + [f"--workdir={tmp_path / 'f'}", "--stack_min_stage_frac=1.5"])
   assert floor.returncode != 0 and "--stack_min_stage_frac is a share of the steps in (0, 1)" in floor.stderr
-  span = subprocess.run(args + [f"--workdir={tmp_path / 's'}", "--stack_rates_span=2"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  span = run_cmd(args + [f"--workdir={tmp_path / 's'}", "--stack_rates_span=2"])
   assert span.returncode != 0 and "--stack_rates_span keeps each hand-over near" in span.stderr
   # A run whose target was evaluated only in its cool-down measures the first doubling alone: the target's keeps the
   # flags' rate, delay and loss (not a silent 1x).
@@ -149,21 +143,17 @@ def test_the_plan_command_plans_stacking_from_files_and_measures_its_rates(tmp_p
   short.mkdir()
   short.joinpath("metrics.jsonl").write_text("\n".join(json.dumps({**r, "lr": 1e-4 if r["level"] == 0 else 1e-3})
                                                        for r in recs) + "\n")
-  k = subprocess.run(args + [f"--workdir={tmp_path / 'k'}", f"--stack_rates_from={short}", "--stack_rates=1.2,0.8",
-                             "--stack_delays=5,10", "--stack_rates_at=5.6,5.0"],
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  k = run_cmd(args + [f"--workdir={tmp_path / 'k'}", f"--stack_rates_from={short}", "--stack_rates=1.2,0.8",
+                      "--stack_delays=5,10", "--stack_rates_at=5.6,5.0"])
   assert k.returncode == 0, k.stderr[-3000:]
   km = json.loads((tmp_path / "k" / "plan.json").read_text())["stack_rates_measured"]
   assert km["rates"] == [pytest.approx(1.0, rel=1e-3), 0.8] and km["delays"] == [pytest.approx(0, abs=0.1), 10.0]
   assert km["at"] == [5.5, 5.0] and km["unmeasured"] == ["the target"]
   assert "measured no rate into the target" in k.stdout
-  odd = subprocess.run(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+  odd = run_cmd(args[:-1] + [f"--stack_from={files[0]}", f"--workdir={tmp_path / 'o'}"])
   assert odd.returncode != 0 and "a chain of doublings into the target's 4" in odd.stderr
-  gone = subprocess.run(args[:-1] + [f"--stack_from={files[0]},{files[1]}+{tmp_path / 'nothing.json'}",
-                                     f"--workdir={tmp_path / 'g'}"], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
+  gone = run_cmd(args[:-1] + [f"--stack_from={files[0]},{files[1]}+{tmp_path / 'nothing.json'}",
+                              f"--workdir={tmp_path / 'g'}"])
   assert gone.returncode != 0 and f"no file {tmp_path / 'nothing.json'}" in gone.stderr
-  cos = subprocess.run([a for a in args if a != "--set=train.decay=wsd"] + [f"--workdir={tmp_path / 'c'}"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  cos = run_cmd([a for a in args if a != "--set=train.decay=wsd"] + [f"--workdir={tmp_path / 'c'}"])
   assert cos.returncode != 0 and "WSD schedule only" in cos.stderr
