@@ -34,6 +34,7 @@ import scipy.stats
 from absl import app, flags
 
 from benchmarks import cli
+from multilevel.cycles.plan_report import method_kind
 
 BAR = 0.05  # The long-budget issue's bar: predicted within 5 points of the measured saving.
 
@@ -114,11 +115,6 @@ def summarize(rows: list[dict]) -> dict:
   return {"plans": len(rows), "mean_abs_error": statistics.mean(abs(e) for e in errs),
           "mean_error": statistics.mean(errs), "within_bar": sum(r["within_bar"] for r in rows),
           "within_ci": sum(bool(r["within_ci"]) for r in noisy), "with_ci": len(noisy)}
-
-
-def method_kind(method: str | None) -> str:
-  """The schedule a plan's ``method`` names: 'vcycle', 'stackbert' or 'scratch'."""
-  return (method or "scratch").split()[0]
 
 
 def parse_excess(items) -> dict:

@@ -30,10 +30,15 @@ def _saving(p: dict) -> str:
 NEAR_TIE = 0.05
 
 
+def method_kind(method: str | None) -> str:
+  """The schedule a plan's ``method`` names: 'vcycle', 'stackbert' or 'scratch'."""
+  return (method or "scratch").split()[0]
+
+
 def near_tie(plan: dict, alternatives) -> dict | None:
   """The schedule of another method that ``plan`` was preferred to by less than ``NEAR_TIE`` of predicted saving (the
   closest, and predicted to save something), or None; never when the plan is scratch."""
-  kind = lambda p: p["method"].split()[0]
+  kind = lambda p: method_kind(p["method"])
   if kind(plan) == "scratch":
     return None
   close = [a for a in alternatives if kind(a) not in (kind(plan), "scratch") and a["predicted_saving"] > 0
@@ -61,7 +66,7 @@ def describe(plan: dict) -> str:
   tie = near_tie(plan, plan.get("alternatives", ()))
   if tie is not None:
     gap = 100 * (plan["predicted_saving"] - tie["predicted_saving"])
-    other = tie["method"].split()[0]
+    other = method_kind(tie["method"])
     text += (f"\nnote: a near tie ({gap:.1f} points, against {tie['method']}): closer than the predictions' errors "
              f"on the plans measured so far (benchmarks/results/plan_validation.json; the V-cycle's ran high on "
              f"average, most at long budgets), and on BERT at 7.3 tokens/param a tie like this one measured 8 points "
