@@ -13,7 +13,9 @@ points (the long-budget issue's bar) and whether the prediction lies inside the 
 seed whose run ended past the frontier's reach has no saving to read (``unread``) and is left out of the mean; where
 it ended below that reach, what it saved at least is shown (``unread_at_least``). Then, per
 family, per method and over all plans: the mean absolute error and the mean error (its sign: + the plans saved more
-than predicted).
+than predicted); and for the stacking plans that checked where they hand over against where their rates were
+measured (``plan.rates_near``), the plans whose every hand-over lay within ``stack_planner.RATES_SPAN`` of it
+(``near``) apart from those with one or more further off (``far``).
 
 ``--excess=FAMILY:CORPUS:STEPS:KIND=NATS`` asks what a prediction would have been had the plan's target gained NATS
 more in its cool-down than scratch does from the same loss (``benchmarks.stack_rates`` reads this *cool-down excess*
@@ -100,12 +102,23 @@ def check(c: dict, plan: dict, seeds: dict) -> dict:
   err = mean - predicted
   return {"family": c["family"], "corpus": c["corpus"], "tokens_per_param": c["tokens_per_param"],
           "plan": os.path.basename(c["plan"]), "seeds_file": os.path.basename(c["seeds"]),
-          "method": plan["plan"].get("method"), "steps": plan.get("steps"), "predicted": predicted,
+          "method": plan["plan"].get("method"), "rates_near": rates_near(plan["plan"]), "steps": plan.get("steps"),
+          "predicted": predicted,
           "seeds": [{"seed": k, "saving": x} for k, x in read], "unread": [r["seed"] for r in rows
                                                                            if r.get("saving") is None],
           "unread_at_least": [r.get("saving_at_least") for r in rows if r.get("saving") is None],
           "n": len(s), "mean": mean, "min": min(s), "max": max(s), "se": se, "ci95": half, "error": err,
           "within_bar": abs(err) <= BAR, "within_ci": None if half is None else abs(err) <= half}
+
+
+def rates_near(plan: dict) -> str | None:
+  """'near' where every hand-over of a stacking plan lies within its span of where its doubling's rate was measured
+  (``stack_planner.rates_near``), 'far' where one does not, None where the plan did not check (a V-cycle, or stacking
+  planned without the losses its rates were measured from)."""
+  near = plan.get("rates_near")
+  if not near:
+    return None
+  return "far" if any(r["far"] for r in near) else "near"
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -181,6 +194,8 @@ def measure(a) -> dict:
   return {"command": cli.command("benchmarks.plan_validation"), "bar": BAR, "rows": rows,
           "by_family": {f: summarize([r for r in rows if r["family"] == f]) for f in families},
           "by_method": {k: summarize([r for r in rows if method_kind(r["method"]) == k]) for k in kinds},
+          "by_rates_near": {k: summarize([r for r in rows if r["rates_near"] == k]) for k in ("near", "far")
+                            if any(r["rates_near"] == k for r in rows)},
           "all": summarize(rows), **({"excess": whatif} if whatif else {})}
 
 
@@ -200,7 +215,9 @@ def table(d: dict) -> str:
                  f"{100 * r['error']:+.1f} | {ci} | {yes(r['within_bar'])} | {yes(r['within_ci'])} |")
   lines += ["", "| | plans | mean absolute error (points) | mean error | within 5 points | inside the 95% interval |",
             "|---|---|---|---|---|---|"]
-  groups = list(d["by_family"].items()) + list(d["by_method"].items()) + [("all", d["all"])]
+  groups = (list(d["by_family"].items()) + list(d["by_method"].items())
+            + [(f"stacking, hand-overs {k} where the rates were measured", v)
+               for k, v in d.get("by_rates_near", {}).items()] + [("all", d["all"])])
   for name, s in groups:
     lines.append(f"| {name} | {s['plans']} | {100 * s['mean_abs_error']:.1f} | {100 * s['mean_error']:+.1f} | "
                  f"{s['within_bar']} of {s['plans']} | {s['within_ci']} of {s['with_ci']} |")

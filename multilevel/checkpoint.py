@@ -145,8 +145,8 @@ class Checkpointer:
   def _write_failed(self, save_id, e: Exception) -> CheckpointError:
     kept = [s for s in self._mngr.all_steps() if s != save_id]
     previous = (f"The last complete checkpoint ({max(kept)}) is intact: free the space (or fix the folder), then run "
-                f"the same command to resume from it." if kept else "No complete checkpoint exists yet: free the "
-                f"space (or fix the folder) and run the same command again.")
+                "the same command to resume from it." if kept else "No complete checkpoint exists yet: free the "
+                "space (or fix the folder) and run the same command again.")
     return CheckpointError(f"Could not write checkpoint {save_id} to {self.directory} ({_cause(e)}). {previous}")
 
   def close(self) -> None:

@@ -57,6 +57,29 @@ def test_each_plan_is_held_against_its_seeds_and_the_errors_are_summed(tmp_path)
   assert "| all | 2 | 7.0 | +4.0 | 1 of 2 | 2 of 2 |" in text
 
 
+def test_stacking_plans_are_grouped_by_whether_they_hand_over_near_where_their_rates_were_measured(tmp_path):
+  near = lambda far: [{"doubling": "1-layer -> 2-layer", "far": False},
+                      {"doubling": "2-layer -> the target", "far": far}]
+  stack = lambda name, saving, rn: write(tmp_path / name, {"steps": 500, "plan": {
+      "method": "stackbert from 1-layer, 3 stages", "predicted_saving": saving, "rates_near": rn}})
+  s = write(tmp_path / "seeds.json", seeds(500, [(42, 0.40), (1, 0.42)]))
+  vcycle = {"method": "vcycle from L1", "predicted_saving": 0.3}
+  d = plan_validation.measure(checks(tmp_path, [
+      f"llama gcide 6.5 {stack('near.json', 0.40, near(False))} {s}",
+      f"llama gcide 6.5 {stack('far.json', 0.30, near(True))} {s}",
+      f"llama gcide 6.5 {stack('unchecked.json', 0.35, None)} {s}",  # Planned without the rates' losses.
+      f"gpt gcide 7.5 {write(tmp_path / 'v.json', {'steps': 500, 'plan': vcycle})} {s}"]))
+  assert [r["rates_near"] for r in d["rows"]] == ["near", "far", None, None]
+  assert d["by_rates_near"]["near"]["plans"] == 1 and d["by_rates_near"]["near"]["mean_error"] == pytest.approx(0.01)
+  assert d["by_rates_near"]["far"]["plans"] == 1 and d["by_rates_near"]["far"]["mean_error"] == pytest.approx(0.11)
+  text = plan_validation.table(d)
+  assert "| stacking, hand-overs near where the rates were measured | 1 | 1.0 | +1.0 | 1 of 1 |" in text
+  assert "| stacking, hand-overs far where the rates were measured | 1 | 11.0 | +11.0 | 0 of 1 |" in text
+  # None of the kind: no group.
+  d = plan_validation.measure(checks(tmp_path, [f"llama gcide 6.5 near.json {s}"]))
+  assert list(d["by_rates_near"]) == ["near"]
+
+
 def test_what_cannot_be_read_is_refused_with_the_line_or_file_that_is_wrong(tmp_path):
   plan = write(tmp_path / "plan.json", {"steps": 1400, "plan": {"method": "vcycle", "predicted_saving": 0.3}})
   good = write(tmp_path / "seeds.json", seeds(1400, [(42, 0.3)]))
