@@ -11,7 +11,9 @@ scratch at that budget only (at each learning rate of the sweep, keeping its bes
 reference seed's fit moved by ``shift = best scratch loss of this seed - the reference seed's frontier loss at that
 budget``: a method run ending at loss L with F FLOPs saves ``1 - F / F_fit(L - shift)``. This assumes another seed
 moves the whole frontier by about as much as it moves the budget's point; the reference seed's own row is read on
-its unshifted fit, as ``analyze_saving`` reads it.
+its unshifted fit, as ``analyze_saving`` reads it, unless the reference seed is given as a ``--seed`` too (e.g. its
+variant with a scratch run under another setting, ``ref.json+other.json``): then that row takes its place, shifted
+like any other where its best scratch run ends lower than the frontier's point.
 
 ``--read=measured`` reads on the reference seed's measured frontier instead (log-linear between its fully decayed
 points, as the planner prices), for a family whose points follow no power law (BERT's masked-LM plateau, then a drop);
@@ -88,7 +90,11 @@ def measure(a) -> dict:
     shift = min(scratch) - ref_loss
     row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, "scratch": min(scratch), "shift": shift,
            **_read(on, points, run, shift)}
-    rows.append({**row, **_seconds(row, run, beside)})
+    row = {**row, **_seconds(row, run, beside)}
+    if str(seed) == str(ref.get("seed")):  # The reference seed with more scratch runs: read with them instead.
+      rows[0] = row
+    else:
+      rows.append(row)
   savings = [r["saving"] for r in rows if r["saving"] is not None]
   return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
           "read": a.read,

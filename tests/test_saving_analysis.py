@@ -271,6 +271,17 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
   a.seed = [f"3:{tmp_path / 'far.json'}"]
   far = seeds_shifted.measure(a)["rows"][1]
   assert far["saving"] is None and far["saving_at_least"] == pytest.approx(1 - 5e9 / 2e11)
+  # The reference seed given again with a scratch run under another setting ending 0.1 lower: its row is read with
+  # it (shifted), in its place, not beside it.
+  (tmp_path / "ref42.json").write_text(json.dumps(entry(law(1e10), {"final_eval_loss": law(1e10) - 0.1,
+                                                                     "total_flops": 5e9})))
+  a.seed = [f"42:{tmp_path / 'ref42.json'}+{tmp_path / 'b.json'}"]
+  d = seeds_shifted.measure(a)
+  assert [r["seed"] for r in d["rows"]] == [42] and d["rows"][0]["shift"] == pytest.approx(-0.1)
+  assert d["rows"][0]["saving"] == pytest.approx(0.5, abs=1e-6)  # Read at law(1e10): half of 1e10.
+  a.seed = [f"42:{tmp_path / 'ref42.json'}"]  # Its scratch ends at the point: no shift, read where it ended.
+  row = seeds_shifted.measure(a)["rows"][0]
+  assert row["shift"] == 0.0 and row["saving"] is None and "saving_at_least" in row  # Under the fit's floor.
   a.seed = [f"1:{tmp_path / 'a.json'}+{tmp_path / 'b.json'}"]
   # A re-run in another session: scratch trained beside the variant, so their seconds compare. Scratch reaches the
   # variant's loss (the 1e10 point, shifted) with all its 1e10 FLOPs in 100 s; the variant took 60 s: 40% saved.
