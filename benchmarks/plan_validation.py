@@ -100,9 +100,13 @@ def check(c: dict, plan: dict, seeds: dict) -> dict:
   se = statistics.stdev(s) / math.sqrt(len(s)) if len(s) > 1 else None
   half = None if se is None else float(scipy.stats.t.ppf(0.975, len(s) - 1)) * se  # The 95% interval's half-width.
   err = mean - predicted
+  try:
+    near = rates_near(plan["plan"])
+  except ValueError as e:
+    raise app.UsageError(f"plan {c['plan']}: {e}; re-make it with experiments.plan, or drop its rates_near.") from None
   return {"family": c["family"], "corpus": c["corpus"], "tokens_per_param": c["tokens_per_param"],
           "plan": os.path.basename(c["plan"]), "seeds_file": os.path.basename(c["seeds"]),
-          "method": plan["plan"].get("method"), "rates_near": rates_near(plan["plan"]), "steps": plan.get("steps"),
+          "method": plan["plan"].get("method"), "rates_near": near, "steps": plan.get("steps"),
           "predicted": predicted,
           "seeds": [{"seed": k, "saving": x} for k, x in read], "unread": [r["seed"] for r in rows
                                                                            if r.get("saving") is None],
@@ -118,6 +122,9 @@ def rates_near(plan: dict) -> str | None:
   near = plan.get("rates_near")
   if not near:
     return None
+  if not isinstance(near, list) or not all(isinstance(r, dict) and isinstance(r.get("far"), bool) for r in near):
+    raise ValueError("plan.rates_near is not a list of hand-overs each with a true/false 'far' (as "
+                     "experiments.plan writes it)")
   return "far" if any(r["far"] for r in near) else "near"
 
 

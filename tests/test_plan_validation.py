@@ -75,6 +75,10 @@ def test_stacking_plans_are_grouped_by_whether_they_hand_over_near_where_their_r
   text = plan_validation.table(d)
   assert "| stacking, hand-overs near where the rates were measured | 1 | 1.0 | +1.0 | 1 of 1 |" in text
   assert "| stacking, hand-overs far where the rates were measured | 1 | 11.0 | +11.0 | 0 of 1 |" in text
+  # A rates_near that experiments.plan could not have written: refused, naming the file.
+  bad = stack("bad.json", 0.40, [{"doubling": "1-layer -> 2-layer"}])
+  with pytest.raises(app.UsageError, match="plan .*bad.json: plan.rates_near is not a list .*'far'"):
+    plan_validation.measure(checks(tmp_path, [f"llama gcide 6.5 {bad} {s}"]))
   # None of the kind: no group.
   d = plan_validation.measure(checks(tmp_path, [f"llama gcide 6.5 near.json {s}"]))
   assert list(d["by_rates_near"]) == ["near"]
