@@ -32,10 +32,10 @@ import math
 import os
 import statistics
 
-import scipy.stats
 from absl import app, flags
 
 from benchmarks import cli
+from benchmarks.seeds_shifted import interval95
 from multilevel.cycles.plan_report import method_kind
 
 BAR = 0.05  # The long-budget issue's bar: predicted within 5 points of the measured saving.
@@ -98,7 +98,7 @@ def check(c: dict, plan: dict, seeds: dict) -> dict:
   s = [x for _, x in read]
   mean = statistics.mean(s)
   se = statistics.stdev(s) / math.sqrt(len(s)) if len(s) > 1 else None
-  half = None if se is None else float(scipy.stats.t.ppf(0.975, len(s) - 1)) * se  # The 95% interval's half-width.
+  half = interval95(s)  # The 95% interval's half-width.
   err = mean - predicted
   try:
     near = rates_near(plan["plan"])

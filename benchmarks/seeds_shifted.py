@@ -19,13 +19,18 @@ like any other where its best scratch run ends lower than the frontier's point.
 points, as the planner prices), for a family whose points follow no power law (BERT's masked-LM plateau, then a drop);
 a chord between points far apart lies above a convex stretch and inflates what is read there. Either way, a run that
 ends below what the frontier reaches gets no saving but a floor (``saving_at_least``).
+
+Besides the mean and the seeds' range, the output gives the half-width of the mean's 95% interval (``ci95``, Student's
+t over the seeds read): a bar inside that interval is not cleared or missed by the mean, whatever side it lies on.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 
+import scipy.stats
 from absl import app, flags
 
 from benchmarks import cli
@@ -45,6 +50,16 @@ def define_flags(fv: flags.FlagValues) -> None:
                     "prices; None outside them) where the points are not a power law (BERT's masked-LM plateau).",
                     flag_values=fv)
   flags.DEFINE_string("out", "", "JSON to write the rows to.", flag_values=fv)
+
+
+def interval95(xs) -> float | None:
+  """The half-width of the 95% interval of the mean of ``xs`` (Student's t over len(xs) - 1 degrees of freedom: what
+  that many seeds can tell apart; with three it is 4.3 standard errors either way), None for fewer than two."""
+  xs = list(xs)
+  if len(xs) < 2:
+    return None
+  se = statistics.stdev(xs) / math.sqrt(len(xs))
+  return float(scipy.stats.t.ppf(0.975, len(xs) - 1)) * se
 
 
 def _budget(d: dict, steps: int):
@@ -99,7 +114,8 @@ def measure(a) -> dict:
   return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
           "read": a.read,
           "rows": rows, "mean": sum(savings) / len(savings) if savings else None,
-          "min": min(savings, default=None), "max": max(savings, default=None)}
+          "min": min(savings, default=None), "max": max(savings, default=None), "n": len(savings),
+          "ci95": interval95(savings)}
 
 
 def _read(fit, points, run: dict, shift: float) -> dict:
@@ -147,7 +163,11 @@ def table(d: dict) -> str:
     saved = f"at least {pct(r['saving_at_least'])}" if "saving_at_least" in r else pct(r["saving"])
     lines.append(f"| {r['seed']} | {r['scratch']:.4f} | {r['shift']:+.4f} | {r['final_eval_loss']:.4f} | "
                  f"{saved} | {secs} |")
-  lines.append(f"mean {pct(d['mean'])} [{pct(d['min'])}, {pct(d['max'])}]")
+  line = f"mean {pct(d['mean'])} [{pct(d['min'])}, {pct(d['max'])}]"
+  if d.get("ci95") is not None:
+    line += (f"; the mean's 95% interval {pct(d['mean'] - d['ci95'])} to {pct(d['mean'] + d['ci95'])} "
+             f"(Student's t, {d['n']} seeds)")
+  lines.append(line)
   return "\n".join(lines)
 
 

@@ -303,6 +303,34 @@ def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(t
     assert "seconds_saving" not in seeds_shifted.measure(a)["rows"][1], mark
 
 
+def test_the_seeds_mean_comes_with_its_95_percent_interval(tmp_path):
+  """Savings of 0.5 / 0.6 / 0.4 over three seeds: mean 0.5, standard error 0.1 / sqrt(3), and Student's t at 2
+  degrees of freedom (4.303) gives the half-width; a single value has no interval."""
+  import types
+  from benchmarks import seeds_shifted
+  fit = {"E": 2.5, "A": 40.0, "a": 0.3}
+  law = lambda c: fit["E"] + fit["A"] * c ** -fit["a"]
+  costs = (1e9, 3e9, 1e10, 3e10, 1e11)
+  summary = {"seed": 42, "frontier_fit": {"flops": fit},
+             "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c, "final_eval_loss": law(c)}
+                                          for c in costs]},
+             "budgets": [{"steps": 1000, "variants": {"planned": {"final_eval_loss": law(1e10), "total_flops": 5e9}}}]}
+  (tmp_path / "ref.json").write_text(json.dumps(summary))
+  for seed, flops in ((1, 4e9), (2, 6e9)):
+    (tmp_path / f"s{seed}.json").write_text(json.dumps({"budgets": [{
+        "steps": 1000, "scratch": {"final_eval_loss": law(1e10)},
+        "variants": {"planned": {"final_eval_loss": law(1e10), "total_flops": flops}}}]}))
+  a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=1000, variant="planned", read="fit", out="",
+                            seed=[f"{k}:{tmp_path / f's{k}.json'}" for k in (1, 2)])
+  d = seeds_shifted.measure(a)
+  assert [r["saving"] for r in d["rows"]] == [pytest.approx(x, abs=1e-6) for x in (0.5, 0.6, 0.4)]
+  assert d["n"] == 3 and d["ci95"] == pytest.approx(4.3027 * 0.1 / math.sqrt(3), rel=1e-4)
+  assert "mean +50% [+40%, +60%]; the mean's 95% interval +25% to +75% (Student's t, 3 seeds)" in seeds_shifted.table(d)
+  a.seed = [f"1:{tmp_path / 's1.json'}"]  # Two seeds (0.5, 0.6): standard error 0.05, t at 1 degree of freedom 12.706.
+  assert seeds_shifted.measure(a)["ci95"] == pytest.approx(12.706 * 0.05, rel=1e-4)
+  assert seeds_shifted.interval95([0.5]) is None
+
+
 def test_a_seed_is_read_on_the_measured_frontier_where_the_points_are_no_power_law(tmp_path):
   """--read=measured: log-linear between the reference seed's decayed points (as the planner prices), shifted per
   seed, None past the longest or the shortest; a plateau then a drop, which no E + A F^-a follows."""
