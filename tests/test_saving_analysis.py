@@ -240,18 +240,24 @@ def test_the_all_methods_figure_plots_each_method_where_its_saving_is_defined(tm
   assert out.stat().st_size > 1000
 
 
-def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(tmp_path):
-  import types
-  from benchmarks import seeds_shifted
+def _reference_seed(tmp_path):
+  """The reference seed's summary at ``tmp_path / 'ref.json'``: a fitted frontier of five fully decayed points, and a
+  variant at 1000 steps that reaches the 1e10 point's loss with half its FLOPs. Returns the fit's law."""
   fit = {"E": 2.5, "A": 40.0, "a": 0.3}
   law = lambda c: fit["E"] + fit["A"] * c ** -fit["a"]
   costs = (1e9, 3e9, 1e10, 3e10, 1e11)
-  # The reference seed: its frontier, and a variant that reaches the 1e10 point's loss with half its FLOPs.
   summary = {"seed": 42, "frontier_fit": {"flops": fit},
              "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c, "final_eval_loss": law(c)}
                                           for c in costs]},
              "budgets": [{"steps": 1000, "variants": {"planned": {"final_eval_loss": law(1e10), "total_flops": 5e9}}}]}
   (tmp_path / "ref.json").write_text(json.dumps(summary))
+  return law
+
+
+def test_another_seed_is_read_on_the_reference_fit_shifted_by_its_scratch_loss(tmp_path):
+  import types
+  from benchmarks import seeds_shifted
+  law = _reference_seed(tmp_path)
   # Seed 1 ends 0.1 nats lower at both of its learning rates' best, and its variant 0.1 lower too: the same +50%.
   entry = lambda scratch, run: {"budgets": [{"steps": 1000, "scratch": {"final_eval_loss": scratch},
                                              "variants": {} if run is None else {"planned": run}}]}
@@ -308,14 +314,7 @@ def test_the_seeds_mean_comes_with_its_95_percent_interval(tmp_path):
   degrees of freedom (4.303) gives the half-width; a single value has no interval."""
   import types
   from benchmarks import seeds_shifted
-  fit = {"E": 2.5, "A": 40.0, "a": 0.3}
-  law = lambda c: fit["E"] + fit["A"] * c ** -fit["a"]
-  costs = (1e9, 3e9, 1e10, 3e10, 1e11)
-  summary = {"seed": 42, "frontier_fit": {"flops": fit},
-             "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c, "final_eval_loss": law(c)}
-                                          for c in costs]},
-             "budgets": [{"steps": 1000, "variants": {"planned": {"final_eval_loss": law(1e10), "total_flops": 5e9}}}]}
-  (tmp_path / "ref.json").write_text(json.dumps(summary))
+  law = _reference_seed(tmp_path)
   for seed, flops in ((1, 4e9), (2, 6e9)):
     (tmp_path / f"s{seed}.json").write_text(json.dumps({"budgets": [{
         "steps": 1000, "scratch": {"final_eval_loss": law(1e10)},
