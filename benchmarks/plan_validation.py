@@ -28,14 +28,13 @@ which this uses; for BERT's long-budget points that fit is poor, 0.048 nats rms)
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 
 from absl import app, flags
 
 from benchmarks import cli
-from benchmarks.seeds_shifted import interval95
+from benchmarks.seeds_shifted import interval95, standard_error
 from multilevel.cycles.plan_report import method_kind
 
 BAR = 0.05  # The long-budget issue's bar: predicted within 5 points of the measured saving.
@@ -97,7 +96,7 @@ def check(c: dict, plan: dict, seeds: dict) -> dict:
     raise app.UsageError(f"seeds {c['seeds']}: no seed has a saving to read (every run ended past the fit).")
   s = [x for _, x in read]
   mean = statistics.mean(s)
-  se = statistics.stdev(s) / math.sqrt(len(s)) if len(s) > 1 else None
+  se = standard_error(s)
   half = interval95(s)  # The 95% interval's half-width.
   err = mean - predicted
   try:

@@ -52,14 +52,18 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("out", "", "JSON to write the rows to.", flag_values=fv)
 
 
+def standard_error(xs) -> float | None:
+  """The standard error of the mean of ``xs``, None for fewer than two values."""
+  xs = list(xs)
+  return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+
+
 def interval95(xs) -> float | None:
   """The half-width of the 95% interval of the mean of ``xs`` (Student's t over len(xs) - 1 degrees of freedom: what
   that many seeds can tell apart; with three it is 4.3 standard errors either way), None for fewer than two."""
   xs = list(xs)
-  if len(xs) < 2:
-    return None
-  se = statistics.stdev(xs) / math.sqrt(len(xs))
-  return float(scipy.stats.t.ppf(0.975, len(xs) - 1)) * se
+  se = standard_error(xs)
+  return None if se is None else float(scipy.stats.t.ppf(0.975, len(xs) - 1)) * se
 
 
 def _budget(d: dict, steps: int):
