@@ -20,6 +20,11 @@ points, as the planner prices), for a family whose points follow no power law (B
 a chord between points far apart lies above a convex stretch and inflates what is read there. Either way, a run that
 ends below what the frontier reaches gets no saving but a floor (``saving_at_least``).
 
+Where a seed has a frontier of its own (its fully decayed scratch runs at several budgets, merged with its variant run
+by ``analyze_saving``), ``--own=SEED:SUMMARY`` reads it there, unshifted: no assumption about how seeds move the
+frontier, which matters where the seeds' frontiers differ in shape (LLaMA at β2 0.95: 0.11-0.20 nats between the
+same two budgets), at the cost of a frontier per seed.
+
 Besides the mean and the seeds' range, the output gives the half-width of the mean's 95% interval (``ci95``, Student's
 t over the seeds read): a bar inside that interval is not cleared or missed by the mean, whatever side it lies on.
 """
@@ -45,6 +50,9 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("variant", "planned", "The variant's name in the results files.", flag_values=fv)
   flags.DEFINE_multi_string("seed", [], "SEED:FILE[+FILE...]: benchmarks.saving results of that seed at --budget "
                             "(scratch at one or more learning rates, the variant in one of them).", flag_values=fv)
+  flags.DEFINE_multi_string("own", [], "SEED:SUMMARY: an analyze_saving output whose frontier is that seed's own "
+                            "scratch runs, holding its variant run at --budget: read there, unshifted.",
+                            flag_values=fv)
   flags.DEFINE_enum("read", "fit", ["fit", "measured"], "Where each saving is read: on the reference seed's fitted "
                     "frontier, or on its measured one (log-linear between the fully decayed points, as the planner "
                     "prices; None outside them) where the points are not a power law (BERT's masked-LM plateau).",
@@ -71,8 +79,9 @@ def _budget(d: dict, steps: int):
 
 
 def measure(a) -> dict:
-  if not (a.summary and a.budget and a.seed):
-    raise app.UsageError("Give --summary, --budget and at least one --seed.")
+  own_specs = getattr(a, "own", None) or []
+  if not (a.summary and a.budget and (a.seed or own_specs)):
+    raise app.UsageError("Give --summary, --budget and at least one --seed or --own.")
   with open(a.summary) as f:
     ref = json.load(f)
   fit = (ref.get("frontier_fit") or {}).get("flops")
@@ -114,12 +123,43 @@ def measure(a) -> dict:
       rows[0] = row
     else:
       rows.append(row)
+  for spec in own_specs:
+    seed, _, path = spec.partition(":")
+    row = _own_row(a, path)
+    row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, **row}
+    if str(seed) == str(ref.get("seed")):
+      rows[0] = row
+    else:
+      rows.append(row)
   savings = [r["saving"] for r in rows if r["saving"] is not None]
   return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
           "read": a.read,
           "rows": rows, "mean": sum(savings) / len(savings) if savings else None,
           "min": min(savings, default=None), "max": max(savings, default=None), "n": len(savings),
           "ci95": interval95(savings)}
+
+
+def _own_row(a, path: str) -> dict:
+  """A seed's variant read on that seed's own frontier (``--own``): no shift."""
+  try:
+    with open(path) as f:
+      own = json.load(f)
+  except (OSError, ValueError) as e:
+    raise app.UsageError(f"--own: cannot read {path}: {e}") from e
+  fit = (own.get("frontier_fit") or {}).get("flops")
+  if a.read == "fit" and not fit:
+    raise app.UsageError(f"--own: {path} has no fitted frontier: merge it with analyze_saving --fit, or read on the "
+                         "measured one (--read=measured).")
+  points = [(p["total_flops"], p["final_eval_loss"]) for p in (own.get("frontier_from") or {}).get("points", [])]
+  point = next((p for p in (own.get("frontier_from") or {}).get("points", []) if p["steps"] == a.budget), None)
+  b = _budget(own, a.budget)
+  if point is None or b is None or a.variant not in b["variants"]:
+    raise app.UsageError(f"--own: {path} has no frontier point or no {a.variant!r} run at {a.budget} steps.")
+  run = b["variants"][a.variant]
+  row = {"scratch": point["final_eval_loss"], "shift": 0.0, "frontier": path,
+         **_read(None if a.read == "measured" else fit, points, run, 0.0)}
+  beside = None if b.get("scratch_from") or b.get("scratch_reused") else b["scratch"]
+  return {**row, **_seconds(row, run, beside)}
 
 
 def _read(fit, points, run: dict, shift: float) -> dict:
@@ -158,14 +198,17 @@ def _seconds(row: dict, run: dict, scratch: dict | None) -> dict:
 def table(d: dict) -> str:
   pct = lambda x: "n/a" if x is None else f"{100 * x:+.0f}%"
   on = "measured frontier" if d.get("read") == "measured" else "fit"
-  lines = [f"{d['variant']} at T={d['budget']}, read on the reference seed's {on} shifted per seed:",
+  own = any("frontier" in r for r in d["rows"])
+  lines = [f"{d['variant']} at T={d['budget']}, read on the reference seed's {on} shifted per seed"
+           + (f" ('own': on the seed's own {on})" if own else "") + ":",
            "| seed | best scratch | shift | final loss | FLOPs saved | seconds saved (same session) |",
            "|---|---|---|---|---|---|"]
   for r in d["rows"]:
     secs = (f"{pct(r['seconds_saving'])} ({r['seconds']:.1f} s; scratch {r['scratch_seconds']:.1f} s)"
             if "seconds_saving" in r else "-")
     saved = f"at least {pct(r['saving_at_least'])}" if "saving_at_least" in r else pct(r["saving"])
-    lines.append(f"| {r['seed']} | {r['scratch']:.4f} | {r['shift']:+.4f} | {r['final_eval_loss']:.4f} | "
+    shift = "own" if "frontier" in r else f"{r['shift']:+.4f}"
+    lines.append(f"| {r['seed']} | {r['scratch']:.4f} | {shift} | {r['final_eval_loss']:.4f} | "
                  f"{saved} | {secs} |")
   line = f"mean {pct(d['mean'])} [{pct(d['min'])}, {pct(d['max'])}]"
   if d.get("ci95") is not None:

@@ -330,6 +330,57 @@ def test_the_seeds_mean_comes_with_its_95_percent_interval(tmp_path):
   assert seeds_shifted.interval95([0.5]) is None
 
 
+def test_a_seed_with_a_frontier_of_its_own_is_read_there_unshifted(tmp_path):
+  """--own=SEED:SUMMARY: a seed whose scratch runs make a frontier of their own is read on it, not on the reference
+  seed's shifted by one point. Seed 1's frontier drops 0.2 nats where seed 42's drops 0.1 (same budget point): the
+  shifted reading and the own one differ, and the own one is the plain read on seed 1's points."""
+  import types
+  from absl import app
+  from benchmarks import seeds_shifted
+  def summary(seed, pts, run):
+    return {"seed": seed, "frontier_from": {"points": [{"steps": round(c / 1e7), "total_flops": c,
+                                                        "final_eval_loss": l} for c, l in pts]},
+            "budgets": [{"steps": 800, "scratch": {"final_eval_loss": pts[-1][1], "total_flops": pts[-1][0],
+                                                   "train_seconds": 100.0},
+                         "variants": {"planned": run}}]}
+  run = {"final_eval_loss": 5.0, "total_flops": 3e9, "train_seconds": 30.0}
+  (tmp_path / "ref.json").write_text(json.dumps(summary(42, [(2e9, 5.2), (4e9, 5.1), (8e9, 4.9)], run)))
+  (tmp_path / "own1.json").write_text(json.dumps(summary(1, [(2e9, 5.3), (4e9, 5.1), (8e9, 4.9)], run)))
+  (tmp_path / "s1.json").write_text(json.dumps({"budgets": [{"steps": 800, "scratch": {"final_eval_loss": 4.9},
+                                                              "variants": {"planned": run}}]}))
+  a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=800, variant="planned", read="measured",
+                            seed=[f"1:{tmp_path / 's1.json'}"], own=[], out="")
+  half_way = math.exp((math.log(4e9) + math.log(8e9)) / 2)  # 5.0 lies half way from 5.1 to 4.9 on both frontiers.
+  shifted = seeds_shifted.measure(a)
+  assert shifted["rows"][1]["saving"] == pytest.approx(1 - 3e9 / half_way)
+  a.seed, a.own = [], [f"1:{tmp_path / 'own1.json'}"]
+  d = seeds_shifted.measure(a)
+  row = d["rows"][1]
+  assert row["seed"] == 1 and row["shift"] == 0.0 and row["frontier"] == str(tmp_path / "own1.json")
+  assert row["saving"] == pytest.approx(1 - 3e9 / half_way)
+  # Scratch ran beside the variant there: the seconds compare (scratch's 100 s for 8e9 FLOPs, scaled to what it needs).
+  assert row["seconds_saving"] == pytest.approx(1 - 30.0 / (100.0 * half_way / 8e9))
+  assert "| 1 | 4.9000 | own | 5.0000 |" in seeds_shifted.table(d) and "'own'" in seeds_shifted.table(d)
+  # The variant at 5.2: on seed 42's frontier (shift 0) it is under its shortest point, on seed 1's half way between
+  # 5.3 and 5.1: only the own reading sees that seed 1's scratch is slower early.
+  run2 = {"final_eval_loss": 5.2, "total_flops": 1e9}
+  (tmp_path / "own1.json").write_text(json.dumps(summary(1, [(2e9, 5.3), (4e9, 5.1), (8e9, 4.9)], run2)))
+  (tmp_path / "s1.json").write_text(json.dumps({"budgets": [{"steps": 800, "scratch": {"final_eval_loss": 4.9},
+                                                              "variants": {"planned": run2}}]}))
+  assert seeds_shifted.measure(a)["rows"][1]["saving"] == pytest.approx(1 - 1e9 / math.sqrt(2e9 * 4e9))
+  a.seed, a.own = [f"1:{tmp_path / 's1.json'}"], []
+  assert seeds_shifted.measure(a)["rows"][1]["saving"] == pytest.approx(1 - 1e9 / 2e9)
+  # A summary without the variant, or without a fit when the fit is asked for: a clear error.
+  a.seed, a.own, a.variant = [], [f"1:{tmp_path / 'own1.json'}"], "other"
+  with pytest.raises(app.UsageError, match="no frontier point or no 'other' run at 800"):
+    seeds_shifted.measure(a)
+  ref = json.loads((tmp_path / "ref.json").read_text())
+  (tmp_path / "ref.json").write_text(json.dumps({**ref, "frontier_fit": {"flops": {"E": 4.0, "A": 40.0, "a": 0.1}}}))
+  a.variant, a.read = "planned", "fit"
+  with pytest.raises(app.UsageError, match=r"--own: .*own1.json has no fitted frontier"):
+    seeds_shifted.measure(a)
+
+
 def test_a_seed_is_read_on_the_measured_frontier_where_the_points_are_no_power_law(tmp_path):
   """--read=measured: log-linear between the reference seed's decayed points (as the planner prices), shifted per
   seed, None past the longest or the shortest; a plateau then a drop, which no E + A F^-a follows."""
