@@ -82,18 +82,7 @@ def measure(a) -> dict:
   own_specs = getattr(a, "own", None) or []
   if not (a.summary and a.budget and (a.seed or own_specs)):
     raise app.UsageError("Give --summary, --budget and at least one --seed or --own.")
-  with open(a.summary) as f:
-    ref = json.load(f)
-  fit = (ref.get("frontier_fit") or {}).get("flops")
-  if a.read == "fit" and not fit:
-    raise app.UsageError(f"{a.summary} has no fitted frontier: merge with analyze_saving --fit, or read on the "
-                         "measured one (--read=measured).")
-  points = [(p["total_flops"], p["final_eval_loss"]) for p in ref["frontier_from"]["points"]]
-  ref_point = next((p for p in ref["frontier_from"]["points"] if p["steps"] == a.budget), None)
-  b = _budget(ref, a.budget)
-  if ref_point is None or b is None or a.variant not in b["variants"]:
-    raise app.UsageError(f"{a.summary} has no frontier point or no {a.variant!r} run at {a.budget} steps.")
-  ref_loss = ref_point["final_eval_loss"]
+  ref, fit, points, ref_loss, b = _frontier(a, a.summary)
   on = None if a.read == "measured" else fit  # The fit stays in the output either way (plan_validation --excess).
   rows = [{"seed": ref.get("seed"), "scratch": ref_loss, "shift": 0.0,
            **_read(on, points, b["variants"][a.variant], 0.0)}]
@@ -108,29 +97,20 @@ def measure(a) -> dict:
         raise app.UsageError(f"{path} has no budget of {a.budget} steps.")
       scratch.append(e["scratch"]["final_eval_loss"])
       if a.variant in e["variants"]:
-        run = e["variants"][a.variant]
-        # A scratch run trained by the same command (not read from another file, nor reused from the workroot: files
-        # written before scratch_reused was recorded say so only in their command) ran in the same session.
-        reused = e.get("scratch_from") or e.get("scratch_reused") or "--reuse_scratch" in d.get("command", "")
-        beside = None if reused else e["scratch"]
+        run, beside = e["variants"][a.variant], _beside(e, d)
     if run is None:
       raise app.UsageError(f"--seed={spec}: no {a.variant!r} run in these files.")
     shift = min(scratch) - ref_loss
-    row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, "scratch": min(scratch), "shift": shift,
-           **_read(on, points, run, shift)}
-    row = {**row, **_seconds(row, run, beside)}
-    if str(seed) == str(ref.get("seed")):  # The reference seed with more scratch runs: read with them instead.
-      rows[0] = row
-    else:
-      rows.append(row)
+    row = {"scratch": min(scratch), "shift": shift, **_read(on, points, run, shift)}
+    # The reference seed with more scratch runs: read with them instead.
+    _place(rows, seed, {**row, **_seconds(row, run, beside)}, ref)
   for spec in own_specs:
     seed, _, path = spec.partition(":")
-    row = _own_row(a, path)
-    row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, **row}
-    if str(seed) == str(ref.get("seed")):
-      rows[0] = row
-    else:
-      rows.append(row)
+    own, own_fit, own_points, own_loss, e = _frontier(a, path, flag="--own: ")
+    run = e["variants"][a.variant]
+    row = {"scratch": own_loss, "shift": 0.0, "frontier": path,
+           **_read(None if a.read == "measured" else own_fit, own_points, run, 0.0)}
+    _place(rows, seed, {**row, **_seconds(row, run, _beside(e, own))}, ref)
   savings = [r["saving"] for r in rows if r["saving"] is not None]
   return {"command": cli.command("benchmarks.seeds_shifted"), "budget": a.budget, "variant": a.variant, "fit": fit,
           "read": a.read,
@@ -139,27 +119,41 @@ def measure(a) -> dict:
           "ci95": interval95(savings)}
 
 
-def _own_row(a, path: str) -> dict:
-  """A seed's variant read on that seed's own frontier (``--own``): no shift."""
+def _frontier(a, path: str, flag: str = ""):
+  """An analyze_saving summary's frontier and its variant at --budget: (summary, flops fit or None, [(FLOPs, loss)]
+  points, the point's loss at --budget, the budget's entry). ``flag`` names the option the path came from."""
   try:
     with open(path) as f:
-      own = json.load(f)
+      d = json.load(f)
   except (OSError, ValueError) as e:
-    raise app.UsageError(f"--own: cannot read {path}: {e}") from e
-  fit = (own.get("frontier_fit") or {}).get("flops")
+    raise app.UsageError(f"{flag}cannot read {path}: {e}") from e
+  fit = (d.get("frontier_fit") or {}).get("flops")
   if a.read == "fit" and not fit:
-    raise app.UsageError(f"--own: {path} has no fitted frontier: merge it with analyze_saving --fit, or read on the "
+    raise app.UsageError(f"{flag}{path} has no fitted frontier: merge with analyze_saving --fit, or read on the "
                          "measured one (--read=measured).")
-  points = [(p["total_flops"], p["final_eval_loss"]) for p in (own.get("frontier_from") or {}).get("points", [])]
-  point = next((p for p in (own.get("frontier_from") or {}).get("points", []) if p["steps"] == a.budget), None)
-  b = _budget(own, a.budget)
+  pts = (d.get("frontier_from") or {}).get("points", [])
+  point = next((p for p in pts if p["steps"] == a.budget), None)
+  b = _budget(d, a.budget)
   if point is None or b is None or a.variant not in b["variants"]:
-    raise app.UsageError(f"--own: {path} has no frontier point or no {a.variant!r} run at {a.budget} steps.")
-  run = b["variants"][a.variant]
-  row = {"scratch": point["final_eval_loss"], "shift": 0.0, "frontier": path,
-         **_read(None if a.read == "measured" else fit, points, run, 0.0)}
-  beside = None if b.get("scratch_from") or b.get("scratch_reused") else b["scratch"]
-  return {**row, **_seconds(row, run, beside)}
+    raise app.UsageError(f"{flag}{path} has no frontier point or no {a.variant!r} run at {a.budget} steps.")
+  return d, fit, [(p["total_flops"], p["final_eval_loss"]) for p in pts], point["final_eval_loss"], b
+
+
+def _beside(entry: dict, results: dict) -> dict | None:
+  """The budget entry's scratch run where it trained by the same command as its variant, so their seconds compare
+  (not read from another file, nor reused from the workroot: files written before scratch_reused was recorded say so
+  only in their command); None otherwise."""
+  reused = entry.get("scratch_from") or entry.get("scratch_reused") or "--reuse_scratch" in results.get("command", "")
+  return None if reused else entry["scratch"]
+
+
+def _place(rows: list, seed: str, row: dict, ref: dict) -> None:
+  """Adds a seed's row; the reference seed's replaces the first row (read on the summary's own runs)."""
+  row = {"seed": int(seed) if seed.lstrip("-").isdigit() else seed, **row}
+  if str(seed) == str(ref.get("seed")):
+    rows[0] = row
+  else:
+    rows.append(row)
 
 
 def _read(fit, points, run: dict, shift: float) -> dict:
