@@ -106,6 +106,8 @@ def measure(a) -> dict:
     _place(rows, seed, {**row, **_seconds(row, run, beside)}, ref)
   for spec in own_specs:
     seed, _, path = spec.partition(":")
+    if not (seed and path):
+      raise app.UsageError(f"--own={spec}: expected SEED:SUMMARY (e.g. 1:results/seed1_summary.json).")
     own, own_fit, own_points, own_loss, e = _frontier(a, path, flag="--own: ")
     run = e["variants"][a.variant]
     row = {"scratch": own_loss, "shift": 0.0, "frontier": path,

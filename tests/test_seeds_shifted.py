@@ -147,6 +147,13 @@ def test_a_seed_with_a_frontier_of_its_own_is_read_there_unshifted(tmp_path):
   a.variant, a.read = "planned", "fit"
   with pytest.raises(app.UsageError, match=r"--own: .*own1.json has no fitted frontier"):
     seeds_shifted.measure(a)
+  # A summary that is not there, or a flag without its seed: said, with the form expected.
+  a.read, a.own = "measured", [f"1:{tmp_path / 'missing.json'}"]
+  with pytest.raises(app.UsageError, match=r"--own: cannot read .*missing.json"):
+    seeds_shifted.measure(a)
+  a.own = [str(tmp_path / "own1.json")]
+  with pytest.raises(app.UsageError, match="expected SEED:SUMMARY"):
+    seeds_shifted.measure(a)
 
 
 def test_a_seed_is_read_on_the_measured_frontier_where_the_points_are_no_power_law(tmp_path):
