@@ -54,7 +54,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("evals", 10, "Evaluations per run.", flag_values=fv)
   flags.DEFINE_string("workroot", "/tmp/multilevel-bound", "Where the runs' workdirs go.", flag_values=fv)
   flags.DEFINE_string("out", "", "JSON of the level's scratch runs (step 1).", flag_values=fv)
-  flags.DEFINE_list("levels_from", [], "Level-run JSONs (step 1's --out) to analyse.", flag_values=fv)
+  flags.DEFINE_list("levels_from", [], "Level-run JSONs (step 1's --out) to analyse; files of one level pool their "
+                    "runs ('a.json+b.json' or listed apart).", flag_values=fv)
   flags.DEFINE_list("target", [], "Saving-benchmark results whose scratch runs give the target's frontier.",
                     flag_values=fv)
   flags.DEFINE_list("chain", [], "Instead of --levels_from: level-run files of different small models (each from "
@@ -186,9 +187,14 @@ def _level_chains(a, big: Frontier) -> tuple[dict, list[dict]]:
   """The default plan's levels (``--levels_from``, files of one level pooled): the 2-level chain from level 1 and,
   given more levels, the whole chain."""
   by_level: dict[int, dict] = {}
-  for p in a.levels_from:  # Files of the same level (e.g. one per learning rate) pool their runs.
-    with open(p) as f:
-      d = json.load(f)
+  # Files of the same level (e.g. one per learning rate or budget range) pool their runs, listed apart or joined by +.
+  for p in [q for entry in a.levels_from for q in entry.split("+")]:
+    try:
+      with open(p) as f:
+        d = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+      raise app.UsageError(f"--levels_from: cannot read {p} ({e}); give the level-run JSONs that step 1 wrote "
+                           f"(--out).") from None
     if d["level"] in by_level:
       if d["model"] != by_level[d["level"]]["model"]:
         raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "

@@ -109,6 +109,31 @@ def test_analyse_reads_results_files_and_plots(tmp_path):
   assert (tmp_path / "b.png").stat().st_size > 1000
 
 
+def test_levels_from_pools_one_levels_files_joined_by_plus_and_names_a_missing_file(tmp_path):
+  """--levels_from=a.json+b.json: a level's runs split over two files (e.g. longer and shorter budgets run apart)
+  give the frontier of one file holding them all; a file that is not there is a usage error naming it."""
+  def budget(steps, flops, loss):
+    return {"steps": steps, "tokens_per_param": steps / 10, "scratch": {"total_flops": flops, "final_eval_loss": loss},
+            "variants": {}}
+  target = tmp_path / "target.json"
+  target.write_text(json.dumps({"budgets": [budget(100 * 2 ** i, p[0], p[1]) for i, p in enumerate(BIG.points)]}))
+  small = loglinear("small", 6.0, 5.0, 0.25e12, 2.0)
+  runs = [{"steps": i + 1, "lr_scale": 2, "total_flops": f, "final_eval_loss": l} for i, (f, l) in
+          enumerate(small.points)]
+  head = {"command": "x", "level": 1, "model": {}, "base_lr": 1e-3}
+  whole, long, short = tmp_path / "all.json", tmp_path / "long.json", tmp_path / "short.json"
+  whole.write_text(json.dumps({**head, "runs": runs}))
+  long.write_text(json.dumps({**head, "runs": runs[2:]}))
+  short.write_text(json.dumps({**head, "runs": runs[:2]}))
+  one = bound.analyse(bound.cli.parse(bound.define_flags, [f"--levels_from={whole}", f"--target={target}"]))
+  two = bound.analyse(bound.cli.parse(bound.define_flags, [f"--levels_from={long}+{short}", f"--target={target}"]))
+  assert sorted(two["level_frontiers"]["L1"]) == sorted(one["level_frontiers"]["L1"]) == sorted(small.points)
+  assert [r["2-level"] for r in two["budgets"]] == [r["2-level"] for r in one["budgets"]]
+  missing = tmp_path / "nope.json"
+  with pytest.raises(bound.app.UsageError, match="cannot read .*nope.json"):
+    bound.analyse(bound.cli.parse(bound.define_flags, [f"--levels_from={long}+{missing}", f"--target={target}"]))
+
+
 def test_a_chain_of_small_models_gives_each_ones_bound_and_the_chains(tmp_path):
   """--chain: two small models of different shapes (the halved one, then a depth-only one), each file named by its
   cycle settings; the whole chain's bound is at least either 2-level bound (any model of it may be skipped)."""
