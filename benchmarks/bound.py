@@ -195,6 +195,9 @@ def _level_chains(a, big: Frontier) -> tuple[dict, list[dict]]:
     except (OSError, json.JSONDecodeError) as e:
       raise app.UsageError(f"--levels_from: cannot read {p} ({e}); give the level-run JSONs that step 1 wrote "
                            f"(--out).") from None
+    if not isinstance(d, dict) or not {"level", "model", "runs"} <= set(d):
+      raise app.UsageError(f"--levels_from: {p} is not a level-run JSON (step 1's --out, with 'level', 'model' and "
+                           f"'runs'); a benchmarks.saving result goes to --target.")
     if d["level"] in by_level:
       if d["model"] != by_level[d["level"]]["model"]:
         raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "

@@ -111,7 +111,8 @@ def test_analyse_reads_results_files_and_plots(tmp_path):
 
 def test_levels_from_pools_one_levels_files_joined_by_plus_and_names_a_missing_file(tmp_path):
   """--levels_from=a.json+b.json: a level's runs split over two files (e.g. longer and shorter budgets run apart)
-  give the frontier of one file holding them all; a file that is not there is a usage error naming it."""
+  give the frontier of one file holding them all; a file that is not there, or is not a level-run file, is a usage
+  error naming it."""
   def budget(steps, flops, loss):
     return {"steps": steps, "tokens_per_param": steps / 10, "scratch": {"total_flops": flops, "final_eval_loss": loss},
             "variants": {}}
@@ -132,6 +133,8 @@ def test_levels_from_pools_one_levels_files_joined_by_plus_and_names_a_missing_f
   missing = tmp_path / "nope.json"
   with pytest.raises(bound.app.UsageError, match="cannot read .*nope.json"):
     bound.analyse(bound.cli.parse(bound.define_flags, [f"--levels_from={long}+{missing}", f"--target={target}"]))
+  with pytest.raises(bound.app.UsageError, match="target.json is not a level-run JSON"):
+    bound.analyse(bound.cli.parse(bound.define_flags, [f"--levels_from={long}+{target}", f"--target={target}"]))
 
 
 def test_a_chain_of_small_models_gives_each_ones_bound_and_the_chains(tmp_path):
