@@ -121,15 +121,26 @@ def chain_name(d: dict) -> str:
   return f"L{d['level']}" + "".join(f" {k}={v}" for k, v in sorted(cycle.items()))
 
 
+def _level_file(path: str, flag: str) -> dict:
+  """A level-run JSON (step 1's --out) named by ``flag``, refused with what to give when unreadable or another file."""
+  try:
+    with open(path) as f:
+      d = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise app.UsageError(f"{flag}: cannot read {path} ({e}); give the level-run JSONs that step 1 wrote "
+                         f"(--out).") from None
+  if not isinstance(d, dict) or not {"level", "model", "runs"} <= set(d):
+    raise app.UsageError(f"{flag}: {path} is not a level-run JSON (step 1's --out, with 'level', 'model' and "
+                         f"'runs'); a benchmarks.saving result goes to --target.")
+  return d
+
+
 def _chains(a, big: Frontier) -> tuple[dict, list[dict]]:
   """{name: chain of frontiers, smallest first, the target last} and the level files they come from."""
   if a.chain:
     files = []
     for entry in a.chain:  # 'a.json+b.json': one model's runs in several files (e.g. one per learning rate), pooled.
-      parts = []
-      for p in entry.split("+"):
-        with open(p) as f:
-          parts.append(json.load(f))
+      parts = [_level_file(p, "--chain") for p in entry.split("+")]
       if any(d["model"] != parts[0]["model"] for d in parts):
         raise app.UsageError(f"--chain entry {entry}: its files ran different models; join one model's files only.")
       files.append(dict(parts[0], runs=[r for d in parts for r in d["runs"]]))
@@ -189,15 +200,7 @@ def _level_chains(a, big: Frontier) -> tuple[dict, list[dict]]:
   by_level: dict[int, dict] = {}
   # Files of the same level (e.g. one per learning rate or budget range) pool their runs, listed apart or joined by +.
   for p in [q for entry in a.levels_from for q in entry.split("+")]:
-    try:
-      with open(p) as f:
-        d = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-      raise app.UsageError(f"--levels_from: cannot read {p} ({e}); give the level-run JSONs that step 1 wrote "
-                           f"(--out).") from None
-    if not isinstance(d, dict) or not {"level", "model", "runs"} <= set(d):
-      raise app.UsageError(f"--levels_from: {p} is not a level-run JSON (step 1's --out, with 'level', 'model' and "
-                           f"'runs'); a benchmarks.saving result goes to --target.")
+    d = _level_file(p, "--levels_from")
     if d["level"] in by_level:
       if d["model"] != by_level[d["level"]]["model"]:
         raise app.UsageError(f"{p}: level {d['level']} was run with model {d['model']}, another file with "

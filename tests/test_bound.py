@@ -168,3 +168,5 @@ def test_a_chain_of_small_models_gives_each_ones_bound_and_the_chains(tmp_path):
   assert "3-level chain bound" in bound.table(d)
   bound.plot(d, str(tmp_path / "chain.png"))
   assert (tmp_path / "chain.png").stat().st_size > 1000
+  with pytest.raises(bound.app.UsageError, match="--chain: .*target.json is not a level-run JSON"):
+    bound.analyse(bound.cli.parse(bound.define_flags, [f"--chain={files[1]}+{target}", f"--target={target}"]))
