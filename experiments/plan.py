@@ -22,7 +22,8 @@ Under WSD pricing it also prices stacking (--methods; ``multilevel.cycles.stack_
 doublings with halved copies, from pilots of the target at half, a quarter, ... of its depth at train.lr
 (``experiments/plan_stacking.py``), each doubling priced from the loss before it with the rate and delay of
 --stack_rates / --stack_delays (``benchmarks/stack_rates.py`` measures them) or --stack_rates_from. A rate holds near
-the hand-over it was measured after, so the plan says where it hands over far from those losses (--stack_rates_at).
+the hand-over it was measured after, so the plan says where it hands over far from those losses (--stack_rates_at);
+--stack_rate_curves prices each doubling off a curve of rates measured at several hand-overs instead.
 The plan is whichever schedule is predicted to save most; plan.json keeps the other as ``alternatives``.
 
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
@@ -119,6 +120,12 @@ _STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Workdirs of earli
                                       "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
                                       "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
                                       "values.")
+_STACK_RATE_CURVES = flags.DEFINE_list("stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
+                                       "doubling they measured is priced off a rate curve through all its "
+                                       "measurements (rate and delay against where the shallower model handed over, "
+                                       "multilevel.cycles.growth.RateCurve) instead of one rate, so a plan that hands "
+                                       "over earlier or later than the runs did is priced at what they measured there; "
+                                       "with --stack_rates_span, only within that factor of the measured hand-overs.")
 _STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
                                 "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
@@ -182,7 +189,9 @@ def main(argv):
       raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
   if _STACK_DOUBLINGS.value < 1:
     raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
-  plan_stacking.check_span(_STACK_RATES_SPAN.value, _STACK_RATES_AT.value or _STACK_RATES_FROM.value)
+  plan_stacking.check_span(_STACK_RATES_SPAN.value,
+                           _STACK_RATES_AT.value or _STACK_RATES_FROM.value or _STACK_RATE_CURVES.value)
+  curve_rows = plan_stacking.curve_rows(_STACK_RATE_CURVES.value)
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -314,7 +323,7 @@ def main(argv):
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
                                             stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
                                             _STACK_MIN_STAGE.value, margins, record, base, stack_at or None,
-                                            _STACK_RATES_SPAN.value))
+                                            _STACK_RATES_SPAN.value, curve_rows))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

@@ -34,6 +34,76 @@ def check_span(span: float, losses_given) -> None:
                          "losses (--stack_rates_at, which benchmarks.stack_rates prints) or --stack_rates_from.")
 
 
+def curve_rows(paths: list[str]) -> list[dict]:
+  """The measured doublings of --stack_rate_curves files (``benchmarks.stack_rates --out``): their rows with enough
+  evals to price with, each tagged with its file. Refused before any pilot trains: a missing or unreadable file, one
+  that is not stack_rates output, or files with no usable row."""
+  import json
+  rows = []
+  for p in paths:
+    try:
+      with open(p) as f:
+        d = json.load(f)
+    except (OSError, ValueError) as e:
+      raise app.UsageError(f"--stack_rate_curves={p}: cannot read it ({e}).") from None
+    if not isinstance(d, dict) or not isinstance(d.get("rows"), list) or not all(
+        isinstance(r, dict) and {"level", "handover_loss", "rate", "delay", "used"} <= set(r) for r in d["rows"]):
+      raise app.UsageError(f"--stack_rate_curves={p}: not a benchmarks.stack_rates result (no 'rows' of measured "
+                           f"doublings); write one with python -m benchmarks.stack_rates --out=FILE.")
+    rows += [{**r, "file": p} for r in d["rows"] if r["used"]]
+  if paths and not rows:
+    raise app.UsageError(f"--stack_rate_curves={','.join(paths)}: no doubling there was measured on enough evals "
+                         f"to price with; give runs whose stacked models evaluate at least 3 times before the "
+                         f"cool-down.")
+  return rows
+
+
+def rate_curves(rows: list[dict], levels) -> tuple[list, list[str]]:
+  """Per doubling of the chain into the target (``levels`` shallowest first; doubling j grows into level n-1-j, 0
+  the target), the ``growth.RateCurve`` through ``rows`` (``curve_rows``) over the stable curve of the model it grows
+  from, or None where no row measured it; and the names of the doublings left without one."""
+  from multilevel.cycles.growth import RateCurve
+  n = len(levels)
+  deep = sorted({r["level"] for r in rows if not 0 <= r["level"] < n})
+  if deep:
+    raise app.UsageError(f"--stack_rate_curves measured growths into level(s) {deep}, and this chain of {n} "
+                         f"doubling(s) has levels 0 to {n - 1}: give rates of runs of this target's chain.")
+  names = [c.name for c in levels[1:]] + ["the target"]
+  curves, missing = [], []
+  for j, c in enumerate(levels):
+    mine = [(r["handover_loss"], r["rate"], r["delay"]) for r in rows if r["level"] == n - 1 - j]
+    if not mine:
+      curves.append(None)
+      missing.append(names[j])
+      continue
+    try:
+      curves.append(RateCurve.from_measurements(f"{c.name} -> {names[j]}", c.stable, mine))
+    except ValueError as e:
+      raise app.UsageError(f"--stack_rate_curves: {e}") from None
+  return curves, missing
+
+
+def levels_from_files(paths: list[str], lr: float | None, layers: int | None = None) -> list:
+  """The shallower models of a chain of doublings from their level-run files (--stack_from), shallowest first, named
+  by depth ('1-layer', ...), their rates rescaled to ``lr`` (None: as run); a usage error unless each is half as
+  deep as the next and, with ``layers`` (the target's depth), the deepest half of it."""
+  from multilevel.cycles import planner
+  try:
+    found = [planner.candidate_from_bound(p, lr, True, lr_scale=1.0) for p in paths]
+  except (ValueError, OSError) as e:
+    raise app.UsageError(f"--stack_from: {e}") from None
+  depth = lambda c: int(c.model.get("model.num_layers", layers or 0))
+  found = sorted((dataclasses.replace(c, name=f"{depth(c)}-layer") for c in found), key=depth)
+  depths = [depth(c) for c in found]
+  want = [depths[-1] // 2 ** k for k in range(len(depths) - 1, -1, -1)]
+  if depths != want or (layers is not None and depths[-1] * 2 != layers):
+    need = ([layers // 2 ** k for k in range(len(depths), 0, -1)] if layers is not None else
+            "each half as deep as the next")
+    raise app.UsageError(f"--stack_from: the files' models have {depths} layers; a chain of doublings into the "
+                         f"target's {layers if layers is not None else 2 * depths[-1]} needs {need}.")
+  return found
+
+
 def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, small_pilots, seeds, run,
                  record) -> list:
   """The shallower models a stacking plan grows through, shallowest first, as candidates at train.lr: from
@@ -42,18 +112,7 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
   ``seeds``). Empty when ``layers`` is odd."""
   from multilevel.cycles import planner
   if stack_from:
-    try:
-      found = [planner.candidate_from_bound(p, float(base.train.lr), True, lr_scale=1.0) for p in stack_from]
-    except (ValueError, OSError) as e:
-      raise app.UsageError(f"--stack_from: {e}") from None
-    found = sorted((dataclasses.replace(c, name=f"{c.model.get('model.num_layers', layers)}-layer") for c in found),
-                   key=lambda c: int(c.model.get("model.num_layers", layers)))
-    depths = [int(c.model.get("model.num_layers", layers)) for c in found]
-    want = [depths[-1] // 2 ** k for k in range(len(depths) - 1, -1, -1)]
-    if depths != want or depths[-1] * 2 != layers:
-      raise app.UsageError(f"--stack_from: the files' models have {depths} layers; a chain of doublings into the "
-                           f"target's {layers} needs {[layers // 2 ** k for k in range(len(depths), 0, -1)]}.")
-    return found
+    return levels_from_files(stack_from, float(base.train.lr), layers)
   doublings = 0
   while doublings < doublings_max and layers % 2 ** (doublings + 1) == 0:
     doublings += 1
@@ -74,12 +133,13 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
                min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None,
-               rates_span: float = 0.0) -> dict:
+               rates_span: float = 0.0, curve_rows: list[dict] | None = None) -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
   run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
   from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
   stage to ``min_stage_frac``, each hand-over within ``rates_span`` of where its rate was measured (0: anywhere),
-  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them."""
+  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them. ``curve_rows``
+  (--stack_rate_curves): the doublings they measured are priced off rate curves (``rate_curves``)."""
   from multilevel.cycles import growth, stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
@@ -115,13 +175,19 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
         unmeasured.append(names[j])
     record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays, "at": rates_at,
                                       "unmeasured": unmeasured, "by_level": {str(k): v for k, v in measured.items()}}
+  curves = None
+  if curve_rows:
+    curves, missing = rate_curves(curve_rows, levels)
+    record["stack_rate_curves"] = {"files": sorted({r["file"] for r in curve_rows}), "without_curve": missing,
+                                   "curves": [None if cv is None else cv.describe(c.step_flops)
+                                              for c, cv in zip(levels, curves)]}
   # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).
   warm = [round((c.pilot_warmup_frac or float(base.train.warmup_frac)) * c.stable_steps) for c in levels]
   try:
     p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
                                  min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
                                  margins=margins, rates_at=None if all(x is None for x in rates_at) else rates_at,
-                                 rates_span=rates_span)
+                                 rates_span=rates_span, rate_curves=curves)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)

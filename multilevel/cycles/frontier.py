@@ -126,8 +126,8 @@ def check_rates(rates: Sequence[float] | None, n: int) -> tuple[float, ...]:
 def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, rates: Sequence[float],
                adjacent: bool = False, delays: Sequence[float] | None = None,
                min_flops: Sequence[float] | None = None,
-               handover: Sequence[tuple[float, float] | None] | None = None
-               ) -> tuple[list[list[float]], list[list[tuple | None]]]:
+               handover: Sequence[tuple[float, float] | None] | None = None,
+               curves: Sequence | None = None) -> tuple[list[list[float]], list[list[tuple | None]]]:
   """The dynamic programme of ``ideal_cost`` on the descending grid ``losses``: ``best[k][i]``, the fewest FLOPs
   that put model k at ``losses[i]`` (from scratch, or grown from a smaller model j < k at a grid loss above), and
   ``back[k][i]``, ``(j, i')`` for the hand-over used (None: from scratch). With ``adjacent`` model k grows only from
@@ -135,8 +135,12 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
   ``delays[k]``: FLOPs model k spends after growing before it moves on (a recovery from the growth), added to every
   hand-over into it. ``min_flops[k]``: the fewest FLOPs a stage of model k may spend (its delay included); shorter
   stages, a model passed through for a step or two among them, are not priced (none by default). ``handover[k]``:
-  the (lowest, highest) loss at which model k may hand over to a larger model (None: anywhere); ``best[k][i]`` is
-  infinite outside it, so neither a later model nor the caller grows from model k there."""
+  the (lowest, highest) loss at which model k may hand over to a larger model, or a list of such intervals (None:
+  anywhere); ``best[k][i]`` is
+  infinite outside it, so neither a later model nor the caller grows from model k there. ``curves[k]``: a function
+  of the loss the smaller model handed over at giving model k's (rate, delay in FLOPs) after that hand-over, in place
+  of ``rates[k]`` and ``delays[k]`` (``growth.RateCurve``: a growth's rate depends on where it happens); such a level
+  is solved by trying every hand-over (quadratic in the grid) instead of a running minimum."""
   delays = [0.0] * len(chain) if delays is None else [float(d) for d in delays]
   floors = [0.0] * len(chain) if min_flops is None else [float(m) for m in min_flops]
   inf, grid = math.inf, len(losses)
@@ -147,33 +151,61 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
   back: list[list[tuple | None]] = [[None] * grid for _ in chain]
   sources = (lambda k: range(k - 1, k) if k else range(0)) if adjacent else range
   for k in range(len(chain)):
-    r = rates[k]
-    # Model k's stage from a hand-over at L' to L trains (F_k(L) - land_k(L')) / r + delay FLOPs, at least its
-    # floor: land_k(L') <= F_k(L) - need. The hand-overs allowed grow with i (the grid descends in loss, so F_k
-    # ascends), so each source keeps a pointer ``upto`` and the min over L' up to it of best[j](L') - land_k(L')/r.
-    need = r * (floors[k] - delays[k])
-    run_min, arg, upto = [inf] * len(chain), [None] * len(chain), [0] * len(chain)
-    for i in range(grid):
-      ck = costs[k][i]
-      for j in sources(k):
-        while upto[j] <= i:
-          lk = lands[k][upto[j]]
-          if lk is not None and ck is not None and lk > ck - need:
-            break  # Later hand-overs land later still: the stage to here would be too short.
-          if best[j][upto[j]] < inf and lk is not None and best[j][upto[j]] - lk / r < run_min[j]:
-            run_min[j], arg[j] = best[j][upto[j]] - lk / r, upto[j]
-          upto[j] += 1
-      if ck is None:
-        continue
-      if ck >= floors[k]:
-        best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
-      for j in sources(k):
-        if run_min[j] < inf and run_min[j] + ck / r + delays[k] < best[k][i]:
-          best[k][i], back[k][i] = run_min[j] + ck / r + delays[k], (j, arg[j])
+    if curves is not None and curves[k] is not None:
+      _curved_level(k, losses, costs, lands, best, back, sources(k), curves[k], floors[k])
+    else:
+      _level(k, losses, costs, lands, best, back, sources(k), rates[k], delays[k], floors[k])
     if handover is not None and handover[k] is not None:
-      lo, hi = handover[k]
-      best[k] = [b if lo <= l <= hi else inf for b, l in zip(best[k], losses)]
+      allowed = handover[k] if isinstance(handover[k], list) else [handover[k]]
+      best[k] = [b if any(lo <= l <= hi for lo, hi in allowed) else inf for b, l in zip(best[k], losses)]
   return best, back
+
+
+def _level(k, losses, costs, lands, best, back, sources, r, delay, floor) -> None:
+  """``best_table``'s row of model k at a constant rate ``r`` and ``delay`` (FLOPs), by a running minimum."""
+  inf, grid, n = math.inf, len(losses), len(best)
+  # Model k's stage from a hand-over at L' to L trains (F_k(L) - land_k(L')) / r + delay FLOPs, at least its
+  # floor: land_k(L') <= F_k(L) - need. The hand-overs allowed grow with i (the grid descends in loss, so F_k
+  # ascends), so each source keeps a pointer ``upto`` and the min over L' up to it of best[j](L') - land_k(L')/r.
+  need = r * (floor - delay)
+  run_min, arg, upto = [inf] * n, [None] * n, [0] * n
+  for i in range(grid):
+    ck = costs[k][i]
+    for j in sources:
+      while upto[j] <= i:
+        lk = lands[k][upto[j]]
+        if lk is not None and ck is not None and lk > ck - need:
+          break  # Later hand-overs land later still: the stage to here would be too short.
+        if best[j][upto[j]] < inf and lk is not None and best[j][upto[j]] - lk / r < run_min[j]:
+          run_min[j], arg[j] = best[j][upto[j]] - lk / r, upto[j]
+        upto[j] += 1
+    if ck is None:
+      continue
+    if ck >= floor:
+      best[k][i], back[k][i] = ck, None  # Model k from scratch to this loss.
+    for j in sources:
+      if run_min[j] < inf and run_min[j] + ck / r + delay < best[k][i]:
+        best[k][i], back[k][i] = run_min[j] + ck / r + delay, (j, arg[j])
+
+
+def _curved_level(k, losses, costs, lands, best, back, sources, curve, floor) -> None:
+  """``best_table``'s row of model k when its (rate, delay) after growing depends on the hand-over loss
+  (``curve``): every hand-over L' >= L of every source tried."""
+  rd = [curve(l) for l in losses]  # Per hand-over loss of the smaller model: model k's rate and delay (FLOPs).
+  for i, ck in enumerate(costs[k]):
+    if ck is None:
+      continue
+    if ck >= floor:
+      best[k][i], back[k][i] = ck, None
+    for j in sources:
+      for s in range(i + 1):
+        lk = lands[k][s]
+        if best[j][s] == math.inf or lk is None:
+          continue
+        r, d = rd[s]
+        stage = max(0.0, ck - lk) / r + d
+        if stage >= floor and best[j][s] + stage < best[k][i]:
+          best[k][i], back[k][i] = best[j][s] + stage, (j, s)
 
 
 def backtrack(back, losses: Sequence[float], k: int, i: int, n: int) -> list[float | None]:

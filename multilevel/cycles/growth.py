@@ -21,6 +21,7 @@ V-cycle's final loss at 2.712 against a measured 2.713, where the decayed fronti
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -150,6 +151,101 @@ def rate_from_records(records: Sequence[dict], target: Frontier) -> dict | None:
   return growth_rate([(start, g["after"])] + evals, target)
 
 
+@dataclasses.dataclass(frozen=True)
+class RateCurve:
+  """How fast a grown model learns as a function of *where* the model before it handed over: its ``rate`` and
+  ``delay`` (steps it first spends recovering) measured after hand-overs at several losses of the smaller model.
+
+  A single rate per growth assumes it does not matter where the growth happens. On LLaMA (gcide) it mattered more
+  than anything else the planner priced: the model stacked from one layer into two learned at 0.86-0.96x its scratch
+  pace after 70-80 steps of the one-layer model, 1.13-1.34x after 161 and 2.88-3.61x after 320 (benchmarks/SAVINGS.md).
+  ``points`` are (position, rate, delay): the position is the hand-over loss's place on ``stable``, the smaller
+  model's stable curve, in FLOPs (ascending). ``at`` interpolates both linearly in log position between points and
+  holds the end values beyond them (``reach`` says how far beyond a plan may go); ``counts``: measurements per point.
+  """
+
+  name: str
+  stable: Frontier
+  points: tuple[tuple[float, float, float], ...]
+  counts: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    pts = tuple(tuple(float(x) for x in p) for p in self.points)
+    if not pts or not all(math.isfinite(x) for p in pts for x in p) or not all(p[0] > 0 and p[1] > 0 and p[2] >= 0
+                                                                             for p in pts):
+      raise ValueError(f"Rate curve {self.name!r}: give (position > 0, rate > 0, delay >= 0) points, got {pts}.")
+    if any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
+      raise ValueError(f"Rate curve {self.name!r}: positions must ascend, got {[p[0] for p in pts]}.")
+    object.__setattr__(self, "points", pts)
+
+  @classmethod
+  def from_measurements(cls, name: str, stable: Frontier, measured: Sequence[Sequence[float]],
+                        merge: float = 1.1) -> "RateCurve":
+    """The curve through ``measured`` (handover loss, rate, delay) rows, one per measured growth: each loss placed on
+    ``stable``; rows whose positions lie within ``merge`` times the first of a group (the seeds of one schedule hand
+    over within a few percent of each other) become one point, their mean. A loss off the curve is an error: a
+    longer pilot of the smaller model places it."""
+    placed, off = [], []
+    for loss, rate, delay in measured:
+      pos = stable.cost(float(loss))
+      (off if pos is None else placed).append((float(loss), rate, delay) if pos is None else (pos, rate, delay))
+    if off or not placed:
+      lo, hi = stable.loss_range
+      raise ValueError(f"Rate curve {name!r}: " + (f"hand-over losses {[round(o[0], 4) for o in off]} lie off the "
+                       f"smaller model's stable curve ({lo:.4f} to {hi:.4f}); give a pilot that reaches them."
+                       if off else "no measurements."))
+    placed.sort()
+    groups: list[list[tuple]] = []
+    for p in placed:
+      if groups and p[0] <= groups[-1][0][0] * merge:
+        groups[-1].append(p)
+      else:
+        groups.append([p])
+    mean = lambda g, i: sum(p[i] for p in g) / len(g)
+    return cls(name, stable, tuple((mean(g, 0), mean(g, 1), mean(g, 2)) for g in groups),
+               tuple(len(g) for g in groups))
+
+  def at(self, loss: float) -> tuple[float, float]:
+    """(rate, delay in steps) after a hand-over at ``loss`` of the smaller model (the end points beyond the
+    measured positions, and for a loss off the smaller model's curve the end it lies beyond)."""
+    pos = self.stable.cost(loss)
+    if pos is None:
+      pos = self.points[0][0] if loss > self.stable.loss_range[1] else self.points[-1][0]
+    pts = self.points
+    if pos <= pts[0][0]:
+      return pts[0][1], pts[0][2]
+    for (x0, r0, d0), (x1, r1, d1) in zip(pts, pts[1:]):
+      if pos <= x1:
+        w = math.log(pos / x0) / math.log(x1 / x0)
+        return r0 + w * (r1 - r0), d0 + w * (d1 - d0)
+    return pts[-1][1], pts[-1][2]
+
+  def scaled(self, factor: float) -> "RateCurve":
+    """The same curve with every rate times ``factor`` (a plan's margins)."""
+    return dataclasses.replace(self, points=tuple((x, r * factor, d) for x, r, d in self.points))
+
+  def reach(self, span: float) -> list[tuple[float, float]]:
+    """The (lowest, highest) losses of the smaller model within ``span`` times (either way) of a measured position,
+    one interval per point, overlapping ones merged (the curve's ends where the span runs past them): where a plan
+    may hand over and still be priced near a measurement rather than across a gap."""
+    lo, hi = self.stable.loss_range
+    out: list[tuple[float, float]] = []
+    for x, _, _ in self.points:
+      further, earlier = self.stable.loss_at(x * span), self.stable.loss_at(x / span)
+      low, high = lo if further is None else further, hi if earlier is None else earlier
+      if out and high >= out[-1][0]:  # Positions ascend, so losses descend: this one overlaps the last.
+        out[-1] = (min(low, out[-1][0]), out[-1][1])
+      else:
+        out.append((low, high))
+    return out
+
+  def describe(self, step_flops: float) -> list[dict]:
+    """The points as the smaller model's steps (its position / ``step_flops``) and loss, rate, delay, count."""
+    counts = self.counts or (1,) * len(self.points)
+    return [{"steps": round(x / step_flops, 1), "loss": round(self.stable.loss_at(x), 4), "rate": round(r, 4),
+             "delay": round(d, 2), "n": n} for (x, r, d), n in zip(self.points, counts)]
+
+
 # --------------------------------------------------------------------------------------------- pricing under WSD
 
 
@@ -157,7 +253,8 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
              target_step_flops: float, steps: int, cooldown_frac: float, target_rate: float = 1.0,
              jump: float = 0.0, min_big: int = 1, grid: int = 400, adjacent: bool = False,
              delays: Sequence[float] | None = None, target_delay: float = 0.0, min_steps: int = 0,
-             handover: Sequence[tuple[float, float] | None] | None = None) -> dict | None:
+             handover: Sequence[tuple[float, float] | None] | None = None,
+             curves: Sequence[RateCurve | None] | None = None) -> dict | None:
   """The cheapest V-cycle under one WSD schedule from the smaller models ``lower`` (their *stable* curves, smallest
   first; any may be skipped) to the target (``target``: its stable curve) that ends at scratch's final loss after a
   budget of ``steps`` target steps.
@@ -170,7 +267,11 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
   moves on from the loss it took over at (a recovery from the growth; ``delays[0]`` is not read), then at its rate.
   ``min_steps``: the fewest steps a smaller model's stage may train (a delay included); only chains whose every
   stage is at least that long are priced (a model passed through for a step or two is a growth in name only).
-  ``handover[k]``: the (lowest, highest) loss at which smaller model k may hand over (None: anywhere).
+  ``handover[k]``: the (lowest, highest) loss at which smaller model k may hand over, or a list of such intervals
+  (None: anywhere).
+  ``curves``: one per model, the target's last (``len(lower) + 1``; None where the constant rate and delay hold):
+  a ``RateCurve`` whose rate and delay, read at the loss the model before handed over at, replace that model's
+  (``curves[0]`` is not read).
 
   Returns ``{'flops', 'saving', 'switch_losses', 'steps', 'big_steps', 'landing_flops'}`` (``steps``: per smaller
   model, its training steps, 0 when skipped; ``flops`` also counts one coalescing step of each grown model) or None
@@ -195,15 +296,18 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
   if len(delays) != len(lower) or not all(math.isfinite(d) and d >= 0 for d in delays + [target_delay]):
     raise ValueError(f"Growth delays must be {len(lower)} finite numbers of steps >= 0 (and the target's), got "
                      f"{delays} and {target_delay}.")
+  curves = _check_curves(curves, len(lower))
+  curved = [None if c is None else _in_flops(c, f) for c, f in zip(curves, step_flops)]
   best, back = best_table(lower, losses, jump, rates, adjacent, [d * f for d, f in zip(delays, step_flops)],
-                          [min_steps * f for f in step_flops], handover)
+                          [min_steps * f for f in step_flops], handover, curved)
   lands = [target.cost(l + jump) for l in losses]
   choice = None
   for k in range(len(lower) - 1, len(lower)) if adjacent else range(len(lower)):
     for i, land in enumerate(lands):
       if best[k][i] == math.inf or land is None or land > knee * (1 + 1e-9):
         continue
-      big = max(min_big, math.ceil(cool + target_delay + max(0.0, knee - land) / (target_rate * target_step_flops)
+      t_rate, t_delay = curves[-1].at(losses[i]) if curves[-1] is not None else (target_rate, target_delay)
+      big = max(min_big, math.ceil(cool + t_delay + max(0.0, knee - land) / (t_rate * target_step_flops)
                                    - 1e-9))
       total = best[k][i] + target_step_flops * (1 + big)
       if choice is None or total < choice[0]:
@@ -220,12 +324,32 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
     if prev is None:
       n[m] = max(1, round(lower[m].cost(s) / step_flops[m]))
     else:
-      n[m] = max(1, round((lower[m].cost(s) - lower[m].cost(prev + jump)) / rates[m] / step_flops[m] + delays[m]))
+      r, d = curves[m].at(prev) if curves[m] is not None else (rates[m], delays[m])
+      n[m] = max(1, round((lower[m].cost(s) - lower[m].cost(prev + jump)) / r / step_flops[m] + d))
       coalesce += step_flops[m]
     prev = s
   flops = sum(a * b for a, b in zip(n, step_flops)) + coalesce + target_step_flops * (1 + big)
   return {"flops": flops, "saving": 1 - flops / budget, "switch_losses": switches, "steps": n, "big_steps": big,
           "landing_flops": land}
+
+
+def _check_curves(curves, n_lower: int) -> list:
+  """``curves`` as a list of ``n_lower + 1`` entries (None each when not given), each a ``RateCurve`` or None."""
+  if curves is None:
+    return [None] * (n_lower + 1)
+  curves = list(curves)
+  if len(curves) != n_lower + 1 or not all(c is None or isinstance(c, RateCurve) for c in curves):
+    raise ValueError(f"Give {n_lower + 1} rate curves (one per model, the target's last; None where its constant "
+                     f"rate holds), got {curves!r}.")
+  return curves
+
+
+def _in_flops(curve: RateCurve, step_flops: float):
+  """``curve.at`` with the delay in FLOPs of a model whose step costs ``step_flops`` (as ``best_table`` reads it)."""
+  def at(loss: float) -> tuple[float, float]:
+    rate, delay = curve.at(loss)
+    return rate, delay * step_flops
+  return at
 
 
 def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, target_stable: Frontier,
@@ -270,14 +394,16 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
                       rates: Sequence[float], target_stable: Frontier, target: Frontier, target_step_flops: float,
                       big_steps: int, steps: int, cooldown_frac: float, target_rate: float = 1.0,
                       jump: float = 0.0, delays: Sequence[float] | None = None,
-                      target_delay: float = 0.0) -> dict | None:
+                      target_delay: float = 0.0, curves: Sequence[RateCurve | None] | None = None) -> dict | None:
   """``predict_wsd`` for a chain: the smaller models ``lower`` (stable curves, smallest first) train
   ``lower_steps[k]`` steps each in turn (0: skipped), each grown one landing ``jump`` above the loss it took over at
   on its own stable curve and, after ``delays[k]`` steps, moving along it at ``rates[k]`` (``rates[0]`` and
   ``delays[0]`` are not read), then the target as in ``predict_wsd`` at ``target_rate`` after ``target_delay``
-  steps. Returns the loss each model hands over at (None where skipped) beside ``predict_wsd``'s answer for the
-  target's stage; None where a curve does not reach."""
+  steps. ``curves`` (as ``wsd_cost`` takes them): a model's rate and delay read at the loss it took over at.
+  Returns the loss each model hands over at (None where skipped) beside ``predict_wsd``'s answer for the target's
+  stage; None where a curve does not reach."""
   rates = check_rates(rates, len(lower))
+  curves = _check_curves(curves, len(lower))
   delays = [0.0] * len(lower) if delays is None else list(delays)
   if len(lower_steps) != len(lower) or not any(lower_steps):
     raise ValueError(f"Give steps for each of the {len(lower)} smaller models, some of them positive: {lower_steps}.")
@@ -289,12 +415,15 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
     start = 0.0 if loss is None else curve.cost(loss + jump)
     if start is None:
       return None
-    pos = start + (n * f if loss is None else rates[k] * max(0.0, n - delays[k]) * f)
+    r, d = (rates[k], delays[k]) if loss is None or curves[k] is None else curves[k].at(loss)
+    pos = start + (n * f if loss is None else r * max(0.0, n - d) * f)
     flops += n * f + (0.0 if loss is None else f)  # A grown model's first step, as the planner counts it.
     loss = curve.loss_at(pos)
     if loss is None:
       return None
     handed.append(loss)
+  if curves[-1] is not None:
+    target_rate, target_delay = curves[-1].at(loss)
   p = _wsd_target_stage(loss, flops, target_stable, target, target_step_flops, big_steps, steps, cooldown_frac,
                         jump, target_rate, target_delay)
   return None if p is None else {**p, "handover_losses": handed}

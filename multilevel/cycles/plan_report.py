@@ -89,6 +89,11 @@ def _describe_stack(plan: dict) -> str:
     if plan.get("curve_end"):
       lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
                    f"longer pilot of that model may find a later, better one")
+    if plan.get("rates_at_plan"):
+      read = [f"{d} {r['rate']:.3g}x after {r['delay']:.0f} steps" for d, r in zip(
+          [f"{a} -> {b}" for a, b in zip(plan["levels"], plan["levels"][1:] + ["the target"])],
+          [r for r in plan["rates_at_plan"] if r is not None])]
+      lines.append(f"  rates read off the rate curves at these hand-overs: {'; '.join(read)}")
   else:
     lines.append(f"why scratch: {plan['why']}")
   lines += _rates_near(plan)
@@ -115,7 +120,13 @@ def _rates_near(plan: dict) -> list[str]:
                   "benchmarks.stack_rates prints), so nothing checks that this plan hands over near them"]
   steps = lambda x: "off its curve" if x is None else f"{x:.0f} steps"
   for r in plan["rates_near"]:
-    if r["far"]:
+    if r["far"] and r.get("curve"):
+      out.append(f"  note: the rate curve of {r['doubling']} has no point within 2x of this plan's hand-over "
+                 f"({r['planned_at']:.3f}, {steps(r['planned_steps'])}; its nearest at {r['measured_at']:.3f}, "
+                 f"{steps(r['measured_steps'])}): the rate there is interpolated across a gap or held from the "
+                 "curve's end; run this plan, add its rates (benchmarks.stack_rates --out, then --stack_rate_curves) "
+                 "and plan again, or keep the hand-overs near a point (--stack_rates_span=2)")
+    elif r["far"]:
       src = r["doubling"].split(" -> ")[0]
       out.append(f"  note: the rate of {r['doubling']} was measured from loss {r['measured_at']:.3f} "
                  f"({steps(r['measured_steps'])} of {src}'s scratch curve) and this plan hands over at "

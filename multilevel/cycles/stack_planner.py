@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from multilevel.cycles.growth import growth_rate, margin_rows, predict_chain_wsd, wsd_cost
+from multilevel.cycles.growth import RateCurve, growth_rate, margin_rows, predict_chain_wsd, wsd_cost
 from multilevel.cycles.pilots import Candidate
 
 # How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
@@ -130,7 +130,7 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
                delays: Sequence[float] | None = None, min_big_frac: float = 0.05, min_stage_frac: float = 0.05,
                warmup_steps: int | Sequence[int] = 0, growth: str = GROWTH, order: str = ORDER,
                margins: tuple[float, float] = (0.02, 0.75), rates_at: Sequence[float] | None = None,
-               rates_span: float = 0.0) -> dict:
+               rates_span: float = 0.0, rate_curves: Sequence[RateCurve | None] | None = None) -> dict:
   """The StackBERT schedule that the pilots price cheapest for a budget of ``steps`` target steps.
 
   ``target``: the target's decayed frontier; ``wsd``: ``planner.Wsd`` (its stable curve and cool-down);
@@ -151,12 +151,18 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   with its own hand-overs. ``rates_span`` > 1 (with ``rates_at``): only chains whose every hand-over lies within
   that factor of the measured one, as positions on the shallower model's own stable curve, are priced (0: any).
 
+  ``rate_curves``: per doubling, a ``growth.RateCurve`` (over the shallower model's stable curve) or None: where
+  given, the doubling's rate and delay are read off it at the loss the plan hands over at, in place of ``rates[k]``
+  and ``delays[k]``, and ``rates_span`` keeps the hand-over within that factor of one of the curve's measured
+  positions (``RateCurve.reach``: no hand-over in a gap between two points wider than that).
+
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
   with ``stage_steps`` and ``switch_losses``, ``margins``: the saving if every stacked model lands ``margins[0]``
   nats higher, learns at ``margins[1]`` times its rate, and both, and ``rates_near`` (see ``rates_near``; None when
   ``rates_at`` is not given); or scratch (``cycle.levels`` 1) when no chain saves anything."""
   delays = _check(levels, rates, delays)
-  if rates_span and not (rates_span > 1 and rates_at is not None):
+  curves = _check_curves(levels, rate_curves)
+  if rates_span and not (rates_span > 1 and (rates_at is not None or any(curves))):
     raise ValueError(f"A span of {rates_span:g} keeps each hand-over within that factor of where its doubling's rate "
                      f"was measured: give a factor above 1 and the losses the rates were measured from.")
   if rates_at is not None and (len(rates_at) != len(levels)
@@ -169,22 +175,26 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   cool = max(1, round(wsd.cooldown_frac * steps))
   min_big = max(round(min_big_frac * steps), cool, 1)
   min_stage = max(1, round(min_stage_frac * steps))
-  reach = [reach_losses(c, at, rates_span) if rates_span and at is not None else None
-           for c, at in zip(levels, rates_at or [None] * len(levels))]
+  reach = [(curve.reach(rates_span) if curve is not None else reach_losses(c, at, rates_span))
+           if rates_span and (at is not None or curve is not None) else None
+           for c, at, curve in zip(levels, rates_at or [None] * len(levels), curves)]
   price = lambda floor: wsd_cost(
       [c.stable for c in levels], [c.step_flops for c in levels], [1.0] + [float(x) for x in rates[:-1]], wsd.target,
       target_step_flops, steps, wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
-      delays=[0.0] + delays[:-1], target_delay=delays[-1], min_steps=floor, handover=reach)
+      delays=[0.0] + delays[:-1], target_delay=delays[-1], min_steps=floor, handover=reach, curves=[None] + curves)
   r, free = price(min_stage), price(0)
   # The models the floor left out: those the chain priced without it uses and this one skips.
   dropped = [] if r is None or free is None else [c.name for c, a, b in zip(levels, free["steps"], r["steps"])
                                                   if a and not b]
+  shown = [f"curve over {len(cv.points)} points" if cv is not None else f"{float(x):.3g} after {d:.0f} steps"
+           for x, d, cv in zip(rates, delays, curves)]
   scope = {"pricing": f"stacking under WSD: stable curves at train.lr, cool-down {wsd.cooldown_frac:g}, rates "
-                      f"{[round(float(x), 3) for x in rates]} after delays {[round(d) for d in delays]} steps, from "
-                      f"the loss before each doubling; the target at least {min_big} steps"
+                      f"{shown}, from the loss before each doubling; the target at least {min_big} steps"
                       + (f"; each hand-over within {rates_span:g}x of where its rate was measured" if rates_span
                          else ""),
            "stack_rates": list(rates), "stack_delays": delays, "min_big_steps": min_big,
+           **({"rate_curves": [None if cv is None else cv.describe(c.step_flops) for c, cv in zip(levels, curves)]}
+              if any(curves) else {}),
            **({"rates_span": rates_span, "reach": reach} if rates_span else {})}
   if r is None or r["saving"] <= 0:
     return {"method": "scratch", "overrides": {"train.steps": steps, "cycle.levels": 1}, **scope,
@@ -206,10 +216,30 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
          **scope, "predicted_flops": r["flops"], "predicted_saving": r["saving"], "stage_steps": stage_steps,
          "switch_losses": [r["switch_losses"][k] for k in used], "levels": [levels[k].name for k in used],
          "dropped": dropped, "curve_end": _curve_end(r, levels, wsd),
-         "rates_near": None if rates_at is None else rates_near(levels, r["steps"], r["switch_losses"], rates_at)}
+         "rates_near": None if rates_at is None and not any(curves) else
+         rates_near(levels, r["steps"], r["switch_losses"], rates_at or [None] * len(levels), curves=curves)}
+  if any(curves):
+    out["rates_at_plan"] = [None if s is None else dict(zip(("rate", "delay"), (cv.at(s) if cv is not None else
+                                                                                (float(x), d))))
+                            for s, x, d, cv in zip(r["switch_losses"], rates, delays, curves)]
   out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
-      target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays))
+      target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays, curves))
   return out
+
+
+def _check_curves(levels: Sequence[Candidate], rate_curves) -> list:
+  """One ``RateCurve`` or None per doubling (None each when ``rate_curves`` is None), each over the stable curve of
+  the model it grows from."""
+  if rate_curves is None:
+    return [None] * len(levels)
+  curves = list(rate_curves)
+  if len(curves) != len(levels) or not all(c is None or isinstance(c, RateCurve) for c in curves):
+    raise ValueError(f"Give one rate curve (or None) per doubling ({len(levels)}, the target's last), got {curves!r}.")
+  wrong = [c.name for c, cv in zip(levels, curves) if cv is not None and cv.stable != c.stable]
+  if wrong:
+    raise ValueError(f"The rate curves of the doublings from {wrong} are not placed on those models' stable curves: "
+                     f"build each from the pilot of the model it grows from.")
+  return curves
 
 
 def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | None:
@@ -225,23 +255,33 @@ def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | 
 
 
 def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_losses: Sequence[float | None],
-               rates_at: Sequence[float], span: float = RATES_SPAN) -> list[dict]:
+               rates_at: Sequence[float | None], span: float = RATES_SPAN,
+               curves: Sequence[RateCurve | None] | None = None) -> list[dict]:
   """Per doubling of a priced chain (``lower_steps`` per shallower model, 0 where the chain starts higher), how far
   its planned hand-over is from the one its rate was measured at (``rates_at``), as positions on the shallower
   model's own stable curve in its steps (for the first stage, the steps it trains). ``far`` where the ratio is
   outside [1/``span``, ``span``] or a loss is off that curve: a rate measured after a long shallow stage does not
-  hold after a short one (``RATES_SPAN``)."""
+  hold after a short one (``RATES_SPAN``). Where a doubling has a rate curve (``curves[k]``), the measured
+  hand-over is the curve's point nearest the planned one (in log position): far only outside the span of every
+  point."""
   out = []
   names = [c.name for c in levels] + ["the target"]
+  curves = list(curves) if curves is not None else [None] * len(levels)
   for k, c in enumerate(levels):
-    if not lower_steps[k] or switch_losses[k] is None or rates_at[k] is None:
+    if not lower_steps[k] or switch_losses[k] is None or (rates_at[k] is None and curves[k] is None):
       continue
     at = lambda loss: None if c.stable.cost(loss) is None else c.stable.cost(loss) / c.step_flops
-    measured, planned = at(float(rates_at[k])), at(switch_losses[k])
+    planned = at(switch_losses[k])
+    if curves[k] is not None:
+      where = [x / c.step_flops for x, _, _ in curves[k].points]
+      measured = min(where, key=lambda x: abs(math.log(x / planned))) if planned else where[0]
+      measured_loss = c.stable.loss_at(measured * c.step_flops)
+    else:
+      measured, measured_loss = at(float(rates_at[k])), float(rates_at[k])
     ratio = planned / measured if measured and planned is not None else None
-    out.append({"doubling": f"{c.name} -> {names[k + 1]}", "measured_at": float(rates_at[k]),
+    out.append({"doubling": f"{c.name} -> {names[k + 1]}", "measured_at": measured_loss,
                 "planned_at": switch_losses[k], "measured_steps": measured, "planned_steps": planned, "ratio": ratio,
-                "far": ratio is None or not 1 / span <= ratio <= span})
+                "far": ratio is None or not 1 / span <= ratio <= span, "curve": curves[k] is not None})
   return out
 
 
@@ -257,13 +297,15 @@ def _curve_end(r: dict, levels: Sequence[Candidate], wsd) -> list[str]:
 
 def predict_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int,
                   rates: Sequence[float], lower_steps: Sequence[int], big_steps: int, landing: float = 0.0,
-                  rate_factor: float = 1.0, delays: Sequence[float] | None = None) -> dict | None:
+                  rate_factor: float = 1.0, delays: Sequence[float] | None = None,
+                  rate_curves: Sequence[RateCurve | None] | None = None) -> dict | None:
   """What the pilots predict for a given stacking schedule (``lower_steps`` per shallower model, 0 where the chain
   starts higher, then ``big_steps`` of the target; ``target``: the target's decayed frontier): ``growth
   .predict_chain_wsd`` with every stacked model landing ``landing`` nats higher and, after its delay, learning at
-  ``rate_factor`` times its rate."""
+  ``rate_factor`` times its rate (read off ``rate_curves`` where a doubling has one, as ``plan_stack`` does)."""
   delays = _check(levels, rates, delays)
+  curves = [None if cv is None else cv.scaled(rate_factor) for cv in _check_curves(levels, rate_curves)]
   rs = [float(x) * rate_factor for x in rates]
   return predict_chain_wsd([c.stable for c in levels], [c.step_flops for c in levels], lower_steps, [1.0] + rs[:-1],
                            wsd.target, target, target_step_flops, big_steps, steps, wsd.cooldown_frac, rs[-1],
-                           landing, [0.0] + delays[:-1], delays[-1])
+                           landing, [0.0] + delays[:-1], delays[-1], curves=[None] + curves)
