@@ -186,8 +186,11 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   # The models the floor left out: those the chain priced without it uses and this one skips.
   dropped = [] if r is None or free is None else [c.name for c, a, b in zip(levels, free["steps"], r["steps"])
                                                   if a and not b]
-  shown = [f"curve over {len(cv.points)} points" if cv is not None else f"{float(x):.3g} after {d:.0f} steps"
-           for x, d, cv in zip(rates, delays, curves)]
+  if any(curves):
+    shown = [f"curve over {len(cv.points)} points" if cv is not None else f"{float(x):.3g} after {d:.0f} steps"
+             for x, d, cv in zip(rates, delays, curves)]
+  else:  # As plans priced at one rate per doubling have always said it.
+    shown = f"{[round(float(x), 3) for x in rates]} after delays {[round(d) for d in delays]} steps"
   scope = {"pricing": f"stacking under WSD: stable curves at train.lr, cool-down {wsd.cooldown_frac:g}, rates "
                       f"{shown}, from the loss before each doubling; the target at least {min_big} steps"
                       + (f"; each hand-over within {rates_span:g}x of where its rate was measured" if rates_span
