@@ -71,7 +71,8 @@ def measure(a) -> dict:
           rows.append({"run": os.path.basename(path), "T": b["steps"], "variant": name, "level": r["level"],
                        "handover_loss": r["handover_loss"], "rate": r["rate"], "delay": r["delay"],
                        "overall": r["overall"], "steps_measured": round(r["flops"] / steps_of[r["level"]]),
-                       "evals": r["evals"], "used": used})
+                       "evals": r["evals"], "used": used,
+                       "trajectory": [[round(t, 1), round(l, 4), round(q, 1)] for t, l, q in r["trajectory"]]})
           if used:
             by_level.setdefault(r["level"], []).append(r)
         c = cooldown(v["curve"], v["total_flops"], knee, stable, target)
@@ -107,6 +108,13 @@ def table(d: dict) -> str:
     evals = f"{r['evals']}" + ("" if r.get("used", True) else " (too few: not in the means)")
     lines.append(f"| {r['run']} | {r['T']} | {r['variant']} | {r['level']} | {r['handover_loss']:.3f} | "
                  f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} | {evals} |")
+  if any(r.get("trajectory") for r in d["rows"]):
+    lines += ["", "Each stacked model's way along its own scratch curve, as (steps since its growth: scratch steps moved "
+              "from the loss it took over); a constant rate is a straight line through them:", "",
+              "| run | T | into level | trajectory |", "|---|---|---|---|"]
+    for r in d["rows"]:
+      way = ", ".join(f"{t:.0f}: {q:.0f}" for t, _, q in r.get("trajectory") or [])
+      lines.append(f"| {r['run']} | {r['T']} | {r['level']} | {way} |")
   fmt = lambda xs: ",".join("?" if x is None else f"{x:.3g}" for x in xs)
   lines.append(f"\n--stack_rates={fmt(d['rates'])} --stack_delays={fmt(d['delays'])}"
                + (f" --stack_rates_at={fmt(d['at'])}" if d.get("at") else ""))

@@ -20,6 +20,11 @@ def test_a_stacked_models_rate_and_delay_are_read_from_the_loss_before_the_growt
   assert len(rs) == 1 and rs[0]["level"] == 1 and rs[0]["handover_loss"] == 5.0
   assert rs[0]["rate"] == pytest.approx(0.7, rel=1e-4) and rs[0]["delay"] == pytest.approx(60, abs=0.05)
   assert rs[0]["overall"] == pytest.approx(0.7 * (600 - 60) / 600, rel=1e-4)  # The plain ratio over the stage.
+  # The way it went, eval by eval: steps since the growth, loss, scratch steps moved from the loss it took over.
+  assert [t for t, _, _ in rs[0]["trajectory"]] == pytest.approx([100, 200, 300, 400, 500, 600])
+  assert [q for _, _, q in rs[0]["trajectory"]] == pytest.approx([0.7 * (t - 60) for t in range(100, 601, 100)],
+                                                                 rel=1e-4)
+  assert [l for _, l, _ in rs[0]["trajectory"]] == [r[2] for r in rows[1:]]
   # Evals past the knee (the cool-down) are not read; a level with no stable curve gives None.
   cut = stack_planner.stack_rates(rows, [STABLE, HALF], [STEP, H_STEP], knee=rows[3][0])
   assert cut[0]["rate"] == pytest.approx(0.7, rel=1e-4) and cut[0]["last_loss"] == rows[3][2]
@@ -70,6 +75,7 @@ def test_the_stack_rates_benchmark_reads_each_doubling_of_a_stacking_run(tmp_pat
   assert d["rates"] == [pytest.approx(1.3, rel=1e-3), pytest.approx(0.9, rel=1e-3)]
   assert d["delays"] == [pytest.approx(30, abs=0.1), pytest.approx(20, abs=0.1)]
   assert [r["level"] for r in d["rows"]] == [1, 0] and "--stack_rates=1.3,0.9" in stack_rates.table(d)
+  assert f"| runs.json | 1000 | 1 | 100: {1.3 * 70:.0f}, 200: {1.3 * 170:.0f}," in stack_rates.table(d)
   # The loss before each doubling, which the plan checks its hand-overs against.
   assert d["at"] == [5.5, half[-1][2]] and f"--stack_rates_at=5.5,{half[-1][2]:.3g}" in stack_rates.table(d)
   (c,) = d["cooldowns"]

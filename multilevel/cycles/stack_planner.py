@@ -46,7 +46,9 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
   from the last eval before the growth to the model's last eval before ``knee`` (the FLOPs where the run's
   cool-down starts), the model's position on its stable curve against the steps it trained, fitted as
   ``rate * (steps - delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its
-  scratch run's pace from the loss it took over. ``overall`` is the plain ratio (``growth.growth_rate``), ``evals``
+  scratch run's pace from the loss it took over. ``trajectory``: per eval fitted, [steps since the growth, eval
+  loss, position in the model's scratch steps since the loss it took over]. ``overall`` is the plain ratio
+  (``growth.growth_rate``), ``evals``
   the number of evals fitted (fewer than ``growth.MIN_EVALS`` is not a measurement to price with). None for a growth with
   no such evals or no curve."""
   out = []
@@ -61,8 +63,10 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
     pts = [] if r is None else [((f - f0) / step_flops[level], (stable.cost(l) - stable.cost(l0)) / step_flops[level])
                                 for f, l in after if stable.cost(l) is not None]
     fit = _fit_delay(pts) if pts else None
+    losses = [l for f, l in after if stable is not None and stable.cost(l) is not None]
     out.append(None if r is None or fit is None else
-               dict(r, overall=r["rate"], rate=fit[0], delay=fit[1], level=level, handover_loss=l0, evals=len(pts)))
+               dict(r, overall=r["rate"], rate=fit[0], delay=fit[1], level=level, handover_loss=l0, evals=len(pts),
+                    trajectory=[[t, l, p] for (t, p), l in zip(pts, losses)]))
   return out
 
 
