@@ -40,9 +40,13 @@ def define_flags(fv: flags.FlagValues) -> None:
                     flag_values=fv)
   flags.DEFINE_list("pool", [], "More benchmarks.stack_rates results whose rows join every curve (runs that are not "
                     "plans, e.g. a hand-set recipe).", flag_values=fv)
-  flags.DEFINE_enum("kind", "fit", ["fit", "overall"], "Which rate the curves go through: 'fit' (rate and delay "
-                    "fitted to the grown model's evals, what the planner prices) or 'overall' (the plain ratio over "
-                    "its stage, no delay).", flag_values=fv)
+  flags.DEFINE_enum("kind", "fit", ["fit", "overall", "trajectory"], "What the curves go through: 'fit' (rate and "
+                    "delay fitted to the grown model's evals: experiments.plan --stack_curve_kind=rate), 'overall' "
+                    "(the plain ratio over its stage, no delay) or 'trajectory' (the way it went, eval by eval: "
+                    "--stack_curve_kind=trajectory).", flag_values=fv)
+  flags.DEFINE_integer("seed", None, "Also hold each price against this seed's saving alone (the seed whose scratch "
+                       "runs are --target: what the pricing can be asked to match, without the other seeds' spread).",
+                       flag_values=fv)
   flags.DEFINE_float("cooldown_frac", 0.2, "train.cooldown_frac of the scratch runs the budgets are of.",
                      flag_values=fv)
   flags.DEFINE_string("out", "", "JSON to write the check to.", flag_values=fv)
@@ -98,8 +102,9 @@ def check(a) -> dict:
     big = plan["stage_steps"][-1]
     rates, delays = plan["stack_rates"], plan["stack_delays"]
 
-    def price(rows):
-      curves = plan_stacking.rate_curves(rows, levels)[0] if rows else None
+    def price(rows, kind=a.kind):
+      curves = plan_stacking.rate_curves(rows, levels, "trajectory" if kind == "trajectory" else "rate")[0] \
+          if rows else None
       r = stack_planner.predict_stack(target, wsd, levels, step, steps, rates, lower, big, delays=delays,
                                       rate_curves=curves)
       return None if r is None or r.get("final_loss") is None else r["saving"]
@@ -107,19 +112,28 @@ def check(a) -> dict:
     left_out = pool + [row for j, rows in enumerate(own) if j != i for row in rows]
     measured = seeds["mean"]
     got = {"plan": os.path.basename(p), "steps": steps, "stages": plan["stage_steps"],
-           "predicted": plan["predicted_saving"], "as_priced": price(priced_with(d)),
+           "predicted": plan["predicted_saving"], "as_priced": price(priced_with(d), (d.get("stack_rate_curves") or {}).get("kind")),
            "curve_in_sample": price(everything),
            "curve_left_out": price(left_out), "measured": measured, "measured_range": [seeds["min"], seeds["max"]],
            "own_runs": len(own[i])}
+    one = [r["saving"] for r in seeds.get("rows", []) if a.seed is not None and r.get("seed") == a.seed]
+    if a.seed is not None and not one:
+      raise app.UsageError(f"{s}: no row of seed {a.seed}.")
     for k in ("predicted", "curve_in_sample", "curve_left_out"):
       got[f"error_{k}"] = None if got[k] is None else 100 * (measured - got[k])
+      if one:
+        got[f"seed_error_{k}"] = None if got[k] is None else 100 * (one[0] - got[k])
+    if one:
+      got["measured_seed"] = one[0]
     rows_out.append(got)
   summary = {}
-  for k in ("predicted", "curve_in_sample", "curve_left_out"):
-    errs = [r[f"error_{k}"] for r in rows_out if r[f"error_{k}"] is not None]
-    summary[k] = {"mean_abs": statistics.mean(abs(e) for e in errs) if errs else None,
-                  "mean": statistics.mean(errs) if errs else None,
-                  "within_5": sum(abs(e) <= 5 for e in errs), "n": len(errs)}
+  for against in ("", "seed_") if a.seed is not None else ("",):
+    for k in ("predicted", "curve_in_sample", "curve_left_out"):
+      errs = [r[f"{against}error_{k}"] for r in rows_out if r[f"{against}error_{k}"] is not None]
+      summary[f"{k}{' against seed ' + str(a.seed) if against else ''}"] = {
+          "mean_abs": statistics.mean(abs(e) for e in errs) if errs else None,
+          "mean": statistics.mean(errs) if errs else None, "within_5": sum(abs(e) <= 5 for e in errs),
+          "n": len(errs)}
   return {"command": cli.command("benchmarks.rate_curve_check"), "kind": a.kind, "rows": rows_out,
           "summary": summary}
 

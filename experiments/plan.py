@@ -123,9 +123,13 @@ _STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Workdirs of earli
 _STACK_RATE_CURVES = flags.DEFINE_list("stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
                                        "doubling they measured is priced off a rate curve through all its "
                                        "measurements (rate and delay against where the shallower model handed over, "
-                                       "multilevel.cycles.growth.RateCurve) instead of one rate, so a plan that hands "
+                                       "multilevel.cycles.growth_curves) instead of one rate, so a plan that hands "
                                        "over earlier or later than the runs did is priced at what they measured there; "
                                        "with --stack_rates_span, only within that factor of the measured hand-overs.")
+_STACK_CURVE_KIND = flags.DEFINE_enum("stack_curve_kind", "rate", ["rate", "trajectory"], "What --stack_rate_curves "
+                                      "interpolates: each growth's fitted rate and delay ('rate'), or the way it "
+                                      "went, eval by eval ('trajectory': a stacked model that speeds up over its "
+                                      "stage is priced as it went, not as a straight line through it).")
 _STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
                                 "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
@@ -323,7 +327,7 @@ def main(argv):
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
                                             stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
                                             _STACK_MIN_STAGE.value, margins, record, base, stack_at or None,
-                                            _STACK_RATES_SPAN.value, curve_rows))
+                                            _STACK_RATES_SPAN.value, curve_rows, _STACK_CURVE_KIND.value))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

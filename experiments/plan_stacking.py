@@ -58,11 +58,12 @@ def curve_rows(paths: list[str]) -> list[dict]:
   return rows
 
 
-def rate_curves(rows: list[dict], levels) -> tuple[list, list[str]]:
+def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, list[str]]:
   """Per doubling of the chain into the target (``levels`` shallowest first; doubling j grows into level n-1-j, 0
-  the target), the ``growth.RateCurve`` through ``rows`` (``curve_rows``) over the stable curve of the model it grows
+  the target), the ``growth_curves.RateCurve`` (``kind`` 'rate') or ``TrajectoryCurve`` ('trajectory') through
+  ``rows`` (``curve_rows``) over the stable curve of the model it grows
   from, or None where no row measured it; and the names of the doublings left without one."""
-  from multilevel.cycles.growth import RateCurve
+  from multilevel.cycles.growth_curves import RateCurve, TrajectoryCurve
   n = len(levels)
   deep = sorted({r["level"] for r in rows if not 0 <= r["level"] < n})
   if deep:
@@ -71,13 +72,23 @@ def rate_curves(rows: list[dict], levels) -> tuple[list, list[str]]:
   names = [c.name for c in levels[1:]] + ["the target"]
   curves, missing = [], []
   for j, c in enumerate(levels):
-    mine = [(r["handover_loss"], r["rate"], r["delay"]) for r in rows if r["level"] == n - 1 - j]
+    mine = [r for r in rows if r["level"] == n - 1 - j]
     if not mine:
       curves.append(None)
       missing.append(names[j])
       continue
+    name = f"{c.name} -> {names[j]}"
     try:
-      curves.append(RateCurve.from_measurements(f"{c.name} -> {names[j]}", c.stable, mine))
+      if kind == "trajectory":
+        if not all(r.get("trajectory") for r in mine):
+          raise ValueError(f"{name}: a row with no trajectory (a stack_rates file written before they were kept); "
+                           f"write it again with python -m benchmarks.stack_rates")
+        curves.append(TrajectoryCurve.from_measurements(name, c.stable, [(r["handover_loss"], [(t, q) for t, _, q in
+                                                                                              r["trajectory"]])
+                                                                         for r in mine]))
+      else:
+        curves.append(RateCurve.from_measurements(name, c.stable, [(r["handover_loss"], r["rate"], r["delay"])
+                                                                   for r in mine]))
     except ValueError as e:
       raise app.UsageError(f"--stack_rate_curves: {e}") from None
   return curves, missing
@@ -133,7 +144,7 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
 
 def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
                min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None,
-               rates_span: float = 0.0, curve_rows: list[dict] | None = None) -> dict:
+               rates_span: float = 0.0, curve_rows: list[dict] | None = None, curve_kind: str = "rate") -> dict:
   """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
   run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
   from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
@@ -177,8 +188,9 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                                       "unmeasured": unmeasured, "by_level": {str(k): v for k, v in measured.items()}}
   curves = None
   if curve_rows:
-    curves, missing = rate_curves(curve_rows, levels)
-    record["stack_rate_curves"] = {"files": sorted({r["file"] for r in curve_rows}), "without_curve": missing,
+    curves, missing = rate_curves(curve_rows, levels, curve_kind)
+    record["stack_rate_curves"] = {"files": sorted({r["file"] for r in curve_rows}), "kind": curve_kind,
+                                   "without_curve": missing,
                                    "curves": [None if cv is None else cv.describe(c.step_flops)
                                               for c, cv in zip(levels, curves)]}
   # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).

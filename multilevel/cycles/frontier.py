@@ -138,9 +138,10 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
   the (lowest, highest) loss at which model k may hand over to a larger model, or a list of such intervals (None:
   anywhere); ``best[k][i]`` is
   infinite outside it, so neither a later model nor the caller grows from model k there. ``curves[k]``: a function
-  of the loss the smaller model handed over at giving model k's (rate, delay in FLOPs) after that hand-over, in place
-  of ``rates[k]`` and ``delays[k]`` (``growth.RateCurve``: a growth's rate depends on where it happens); such a level
-  is solved by trying every hand-over (quadratic in the grid) instead of a running minimum."""
+  of the loss the smaller model handed over at giving, for that hand-over, the FLOPs model k trains to move a given
+  distance (FLOPs of its own curve) in place of ``rates[k]`` and ``delays[k]`` (``growth_curves``: how far a grown
+  model gets depends on where it grew); such a level is solved by trying every hand-over (quadratic in the grid)
+  instead of a running minimum."""
   delays = [0.0] * len(chain) if delays is None else [float(d) for d in delays]
   floors = [0.0] * len(chain) if min_flops is None else [float(m) for m in min_flops]
   inf, grid = math.inf, len(losses)
@@ -189,9 +190,9 @@ def _level(k, losses, costs, lands, best, back, sources, r, delay, floor) -> Non
 
 
 def _curved_level(k, losses, costs, lands, best, back, sources, curve, floor) -> None:
-  """``best_table``'s row of model k when its (rate, delay) after growing depends on the hand-over loss
-  (``curve``): every hand-over L' >= L of every source tried."""
-  rd = [curve(l) for l in losses]  # Per hand-over loss of the smaller model: model k's rate and delay (FLOPs).
+  """``best_table``'s row of model k when how far it gets after growing depends on the hand-over loss (``curve``):
+  every hand-over L' >= L of every source tried."""
+  stage = [curve(l) for l in losses]  # Per hand-over loss of the smaller model: FLOPs for a distance.
   for i, ck in enumerate(costs[k]):
     if ck is None:
       continue
@@ -202,10 +203,9 @@ def _curved_level(k, losses, costs, lands, best, back, sources, curve, floor) ->
         lk = lands[k][s]
         if best[j][s] == math.inf or lk is None:
           continue
-        r, d = rd[s]
-        stage = max(0.0, ck - lk) / r + d
-        if stage >= floor and best[j][s] + stage < best[k][i]:
-          best[k][i], back[k][i] = best[j][s] + stage, (j, s)
+        spent = stage[s](max(0.0, ck - lk))
+        if spent >= floor and best[j][s] + spent < best[k][i]:
+          best[k][i], back[k][i] = best[j][s] + spent, (j, s)
 
 
 def backtrack(back, losses: Sequence[float], k: int, i: int, n: int) -> list[float | None]:

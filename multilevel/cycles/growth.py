@@ -21,11 +21,11 @@ V-cycle's final loss at 2.712 against a measured 2.713, where the decayed fronti
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
 from multilevel.cycles.frontier import Frontier, backtrack, best_table, check_rates
+from multilevel.cycles.growth_curves import Curve, Stage
 
 # The fewest evals of a grown model at its peak rate (after its growth, before any cool-down) that a growth rate is
 # read from. With one or two, eval noise decides the rate: DeiT's planned target at 44 tokens/param (47 steps, one
@@ -151,101 +151,6 @@ def rate_from_records(records: Sequence[dict], target: Frontier) -> dict | None:
   return growth_rate([(start, g["after"])] + evals, target)
 
 
-@dataclasses.dataclass(frozen=True)
-class RateCurve:
-  """How fast a grown model learns as a function of *where* the model before it handed over: its ``rate`` and
-  ``delay`` (steps it first spends recovering) measured after hand-overs at several losses of the smaller model.
-
-  A single rate per growth assumes it does not matter where the growth happens. On LLaMA (gcide) it mattered more
-  than anything else the planner priced: the model stacked from one layer into two learned at 0.86-0.96x its scratch
-  pace after 70-80 steps of the one-layer model, 1.13-1.34x after 161 and 2.88-3.61x after 320 (benchmarks/SAVINGS.md).
-  ``points`` are (position, rate, delay): the position is the hand-over loss's place on ``stable``, the smaller
-  model's stable curve, in FLOPs (ascending). ``at`` interpolates both linearly in log position between points and
-  holds the end values beyond them (``reach`` says how far beyond a plan may go); ``counts``: measurements per point.
-  """
-
-  name: str
-  stable: Frontier
-  points: tuple[tuple[float, float, float], ...]
-  counts: tuple[int, ...] = ()
-
-  def __post_init__(self):
-    pts = tuple(tuple(float(x) for x in p) for p in self.points)
-    if not pts or not all(math.isfinite(x) for p in pts for x in p) or not all(p[0] > 0 and p[1] > 0 and p[2] >= 0
-                                                                             for p in pts):
-      raise ValueError(f"Rate curve {self.name!r}: give (position > 0, rate > 0, delay >= 0) points, got {pts}.")
-    if any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
-      raise ValueError(f"Rate curve {self.name!r}: positions must ascend, got {[p[0] for p in pts]}.")
-    object.__setattr__(self, "points", pts)
-
-  @classmethod
-  def from_measurements(cls, name: str, stable: Frontier, measured: Sequence[Sequence[float]],
-                        merge: float = 1.1) -> "RateCurve":
-    """The curve through ``measured`` (handover loss, rate, delay) rows, one per measured growth: each loss placed on
-    ``stable``; rows whose positions lie within ``merge`` times the first of a group (the seeds of one schedule hand
-    over within a few percent of each other) become one point, their mean. A loss off the curve is an error: a
-    longer pilot of the smaller model places it."""
-    placed, off = [], []
-    for loss, rate, delay in measured:
-      pos = stable.cost(float(loss))
-      (off if pos is None else placed).append((float(loss), rate, delay) if pos is None else (pos, rate, delay))
-    if off or not placed:
-      lo, hi = stable.loss_range
-      raise ValueError(f"Rate curve {name!r}: " + (f"hand-over losses {[round(o[0], 4) for o in off]} lie off the "
-                       f"smaller model's stable curve ({lo:.4f} to {hi:.4f}); give a pilot that reaches them."
-                       if off else "no measurements."))
-    placed.sort()
-    groups: list[list[tuple]] = []
-    for p in placed:
-      if groups and p[0] <= groups[-1][0][0] * merge:
-        groups[-1].append(p)
-      else:
-        groups.append([p])
-    mean = lambda g, i: sum(p[i] for p in g) / len(g)
-    return cls(name, stable, tuple((mean(g, 0), mean(g, 1), mean(g, 2)) for g in groups),
-               tuple(len(g) for g in groups))
-
-  def at(self, loss: float) -> tuple[float, float]:
-    """(rate, delay in steps) after a hand-over at ``loss`` of the smaller model (the end points beyond the
-    measured positions, and for a loss off the smaller model's curve the end it lies beyond)."""
-    pos = self.stable.cost(loss)
-    if pos is None:
-      pos = self.points[0][0] if loss > self.stable.loss_range[1] else self.points[-1][0]
-    pts = self.points
-    if pos <= pts[0][0]:
-      return pts[0][1], pts[0][2]
-    for (x0, r0, d0), (x1, r1, d1) in zip(pts, pts[1:]):
-      if pos <= x1:
-        w = math.log(pos / x0) / math.log(x1 / x0)
-        return r0 + w * (r1 - r0), d0 + w * (d1 - d0)
-    return pts[-1][1], pts[-1][2]
-
-  def scaled(self, factor: float) -> "RateCurve":
-    """The same curve with every rate times ``factor`` (a plan's margins)."""
-    return dataclasses.replace(self, points=tuple((x, r * factor, d) for x, r, d in self.points))
-
-  def reach(self, span: float) -> list[tuple[float, float]]:
-    """The (lowest, highest) losses of the smaller model within ``span`` times (either way) of a measured position,
-    one interval per point, overlapping ones merged (the curve's ends where the span runs past them): where a plan
-    may hand over and still be priced near a measurement rather than across a gap."""
-    lo, hi = self.stable.loss_range
-    out: list[tuple[float, float]] = []
-    for x, _, _ in self.points:
-      further, earlier = self.stable.loss_at(x * span), self.stable.loss_at(x / span)
-      low, high = lo if further is None else further, hi if earlier is None else earlier
-      if out and high >= out[-1][0]:  # Positions ascend, so losses descend: this one overlaps the last.
-        out[-1] = (min(low, out[-1][0]), out[-1][1])
-      else:
-        out.append((low, high))
-    return out
-
-  def describe(self, step_flops: float) -> list[dict]:
-    """The points as the smaller model's steps (its position / ``step_flops``) and loss, rate, delay, count."""
-    counts = self.counts or (1,) * len(self.points)
-    return [{"steps": round(x / step_flops, 1), "loss": round(self.stable.loss_at(x), 4), "rate": round(r, 4),
-             "delay": round(d, 2), "n": n} for (x, r, d), n in zip(self.points, counts)]
-
-
 # --------------------------------------------------------------------------------------------- pricing under WSD
 
 
@@ -254,7 +159,7 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
              jump: float = 0.0, min_big: int = 1, grid: int = 400, adjacent: bool = False,
              delays: Sequence[float] | None = None, target_delay: float = 0.0, min_steps: int = 0,
              handover: Sequence[tuple[float, float] | None] | None = None,
-             curves: Sequence[RateCurve | None] | None = None) -> dict | None:
+             curves: Sequence[Curve | None] | None = None) -> dict | None:
   """The cheapest V-cycle under one WSD schedule from the smaller models ``lower`` (their *stable* curves, smallest
   first; any may be skipped) to the target (``target``: its stable curve) that ends at scratch's final loss after a
   budget of ``steps`` target steps.
@@ -270,8 +175,8 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
   ``handover[k]``: the (lowest, highest) loss at which smaller model k may hand over, or a list of such intervals
   (None: anywhere).
   ``curves``: one per model, the target's last (``len(lower) + 1``; None where the constant rate and delay hold):
-  a ``RateCurve`` whose rate and delay, read at the loss the model before handed over at, replace that model's
-  (``curves[0]`` is not read).
+  a ``growth_curves.Curve`` whose stage, read at the loss the model before handed over at, replaces that model's
+  rate and delay (``curves[0]`` is not read).
 
   Returns ``{'flops', 'saving', 'switch_losses', 'steps', 'big_steps', 'landing_flops'}`` (``steps``: per smaller
   model, its training steps, 0 when skipped; ``flops`` also counts one coalescing step of each grown model) or None
@@ -306,9 +211,8 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
     for i, land in enumerate(lands):
       if best[k][i] == math.inf or land is None or land > knee * (1 + 1e-9):
         continue
-      t_rate, t_delay = curves[-1].at(losses[i]) if curves[-1] is not None else (target_rate, target_delay)
-      big = max(min_big, math.ceil(cool + t_delay + max(0.0, knee - land) / (t_rate * target_step_flops)
-                                   - 1e-9))
+      st = curves[-1].stage(losses[i]) if curves[-1] is not None else Stage.linear(target_rate, target_delay)
+      big = max(min_big, math.ceil(cool + st.steps(max(0.0, knee - land) / target_step_flops) - 1e-9))
       total = best[k][i] + target_step_flops * (1 + big)
       if choice is None or total < choice[0]:
         choice = (total, k, i, big, land)
@@ -324,8 +228,8 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
     if prev is None:
       n[m] = max(1, round(lower[m].cost(s) / step_flops[m]))
     else:
-      r, d = curves[m].at(prev) if curves[m] is not None else (rates[m], delays[m])
-      n[m] = max(1, round((lower[m].cost(s) - lower[m].cost(prev + jump)) / r / step_flops[m] + d))
+      st = curves[m].stage(prev) if curves[m] is not None else Stage.linear(rates[m], delays[m])
+      n[m] = max(1, round(st.steps((lower[m].cost(s) - lower[m].cost(prev + jump)) / step_flops[m])))
       coalesce += step_flops[m]
     prev = s
   flops = sum(a * b for a, b in zip(n, step_flops)) + coalesce + target_step_flops * (1 + big)
@@ -334,21 +238,22 @@ def wsd_cost(lower: Sequence[Frontier], step_flops: Sequence[float], rates: Sequ
 
 
 def _check_curves(curves, n_lower: int) -> list:
-  """``curves`` as a list of ``n_lower + 1`` entries (None each when not given), each a ``RateCurve`` or None."""
+  """``curves`` as a list of ``n_lower + 1`` entries (None each when not given), each a ``Curve`` or None."""
   if curves is None:
     return [None] * (n_lower + 1)
   curves = list(curves)
-  if len(curves) != n_lower + 1 or not all(c is None or isinstance(c, RateCurve) for c in curves):
+  if len(curves) != n_lower + 1 or not all(c is None or isinstance(c, Curve) for c in curves):
     raise ValueError(f"Give {n_lower + 1} rate curves (one per model, the target's last; None where its constant "
                      f"rate holds), got {curves!r}.")
   return curves
 
 
-def _in_flops(curve: RateCurve, step_flops: float):
-  """``curve.at`` with the delay in FLOPs of a model whose step costs ``step_flops`` (as ``best_table`` reads it)."""
-  def at(loss: float) -> tuple[float, float]:
-    rate, delay = curve.at(loss)
-    return rate, delay * step_flops
+def _in_flops(curve: Curve, step_flops: float):
+  """What ``best_table`` reads of ``curve`` for a model whose step costs ``step_flops``: per hand-over loss, the
+  FLOPs the grown model trains to move a given distance (FLOPs of its scratch curve)."""
+  def at(loss: float):
+    stage = curve.stage(loss)
+    return lambda distance: stage.steps(distance / step_flops) * step_flops
   return at
 
 
@@ -372,14 +277,16 @@ def predict_wsd(small: Frontier, small_step_flops: float, small_steps: int, targ
 
 def _wsd_target_stage(l_small: float, f_small: float, target_stable: Frontier, target: Frontier,
                       target_step_flops: float, big_steps: int, steps: int, cooldown_frac: float, jump: float,
-                      rate: float, delay: float = 0.0) -> dict | None:
+                      rate: float, delay: float = 0.0, stage: Stage | None = None) -> dict | None:
   """``predict_wsd``'s target stage, after smaller stages that spent ``f_small`` FLOPs and handed over at
-  ``l_small``; the target's first ``delay`` steps after growing (before its cool-down) move it nowhere."""
+  ``l_small``; the target's first ``delay`` steps after growing (before its cool-down) move it nowhere (``stage``:
+  how far it moves, in place of ``rate`` and ``delay``)."""
   land = target_stable.cost(l_small + jump)
   if land is None:
     return None
   cool = min(max(1, round(cooldown_frac * steps)), big_steps)
-  end = land + rate * max(0.0, big_steps - cool - delay) * target_step_flops + cool * target_step_flops
+  stage = stage or Stage.linear(rate, delay)
+  end = land + stage.progress(big_steps - cool) * target_step_flops + cool * target_step_flops
   flops = f_small + (1 + big_steps) * target_step_flops
   loss = target.loss_at(end)
   out = {"small_loss": l_small, "landing_loss": l_small + jump, "landing_flops": land, "flops": flops}
@@ -394,7 +301,7 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
                       rates: Sequence[float], target_stable: Frontier, target: Frontier, target_step_flops: float,
                       big_steps: int, steps: int, cooldown_frac: float, target_rate: float = 1.0,
                       jump: float = 0.0, delays: Sequence[float] | None = None,
-                      target_delay: float = 0.0, curves: Sequence[RateCurve | None] | None = None) -> dict | None:
+                      target_delay: float = 0.0, curves: Sequence[Curve | None] | None = None) -> dict | None:
   """``predict_wsd`` for a chain: the smaller models ``lower`` (stable curves, smallest first) train
   ``lower_steps[k]`` steps each in turn (0: skipped), each grown one landing ``jump`` above the loss it took over at
   on its own stable curve and, after ``delays[k]`` steps, moving along it at ``rates[k]`` (``rates[0]`` and
@@ -415,17 +322,15 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
     start = 0.0 if loss is None else curve.cost(loss + jump)
     if start is None:
       return None
-    r, d = (rates[k], delays[k]) if loss is None or curves[k] is None else curves[k].at(loss)
-    pos = start + (n * f if loss is None else r * max(0.0, n - d) * f)
+    st = None if loss is None else curves[k].stage(loss) if curves[k] is not None else Stage.linear(rates[k], delays[k])
+    pos = start + (n * f if st is None else st.progress(n) * f)
     flops += n * f + (0.0 if loss is None else f)  # A grown model's first step, as the planner counts it.
     loss = curve.loss_at(pos)
     if loss is None:
       return None
     handed.append(loss)
-  if curves[-1] is not None:
-    target_rate, target_delay = curves[-1].at(loss)
   p = _wsd_target_stage(loss, flops, target_stable, target, target_step_flops, big_steps, steps, cooldown_frac,
-                        jump, target_rate, target_delay)
+                        jump, target_rate, target_delay, curves[-1] and curves[-1].stage(loss))
   return None if p is None else {**p, "handover_losses": handed}
 
 

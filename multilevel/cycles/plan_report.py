@@ -90,7 +90,9 @@ def _describe_stack(plan: dict) -> str:
       lines.append(f"  note: a hand-over is at the end of {' and '.join(plan['curve_end'])} measured stable curve: a "
                    f"longer pilot of that model may find a later, better one")
     if plan.get("rates_at_plan"):
-      read = [f"{d} {r['rate']:.3g}x after {r['delay']:.0f} steps" for d, r in zip(
+      said = lambda r: (f"{r['rate']:.3g}x after {r['delay']:.0f} steps" if "rate" in r else
+                        f"{r['moved']:.0f} scratch steps in its {r['steps']} ({r['overall']:.3g}x)")
+      read = [f"{d} {said(r)}" for d, r in zip(
           [f"{a} -> {b}" for a, b in zip(plan["levels"], plan["levels"][1:] + ["the target"])],
           [r for r in plan["rates_at_plan"] if r is not None])]
       lines.append(f"  rates read off the rate curves at these hand-overs: {'; '.join(read)}")

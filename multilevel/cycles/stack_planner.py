@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from multilevel.cycles.growth import RateCurve, growth_rate, margin_rows, predict_chain_wsd, wsd_cost
+from multilevel.cycles.growth import growth_rate, margin_rows, predict_chain_wsd, wsd_cost
+from multilevel.cycles.growth_curves import Curve, RateCurve, Stage
 from multilevel.cycles.pilots import Candidate
 
 # How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
@@ -134,7 +135,7 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
                delays: Sequence[float] | None = None, min_big_frac: float = 0.05, min_stage_frac: float = 0.05,
                warmup_steps: int | Sequence[int] = 0, growth: str = GROWTH, order: str = ORDER,
                margins: tuple[float, float] = (0.02, 0.75), rates_at: Sequence[float] | None = None,
-               rates_span: float = 0.0, rate_curves: Sequence[RateCurve | None] | None = None) -> dict:
+               rates_span: float = 0.0, rate_curves: Sequence[Curve | None] | None = None) -> dict:
   """The StackBERT schedule that the pilots price cheapest for a budget of ``steps`` target steps.
 
   ``target``: the target's decayed frontier; ``wsd``: ``planner.Wsd`` (its stable curve and cool-down);
@@ -155,10 +156,10 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   with its own hand-overs. ``rates_span`` > 1 (with ``rates_at``): only chains whose every hand-over lies within
   that factor of the measured one, as positions on the shallower model's own stable curve, are priced (0: any).
 
-  ``rate_curves``: per doubling, a ``growth.RateCurve`` (over the shallower model's stable curve) or None: where
-  given, the doubling's rate and delay are read off it at the loss the plan hands over at, in place of ``rates[k]``
-  and ``delays[k]``, and ``rates_span`` keeps the hand-over within that factor of one of the curve's measured
-  positions (``RateCurve.reach``: no hand-over in a gap between two points wider than that).
+  ``rate_curves``: per doubling, a ``growth_curves.Curve`` (``RateCurve`` or ``TrajectoryCurve``, over the shallower
+  model's stable curve) or None: where given, how far the grown model gets is read off it at the loss the plan hands
+  over at, in place of ``rates[k]`` and ``delays[k]``, and ``rates_span`` keeps the hand-over within that factor of
+  one of the curve's measured positions (``Curve.reach``: no hand-over in a gap between two points wider than that).
 
   Returns the plan as ``plan_vcycle`` does (``method``, ``overrides``, ``predicted_flops``, ``predicted_saving``)
   with ``stage_steps`` and ``switch_losses``, ``margins``: the saving if every stacked model lands ``margins[0]``
@@ -226,21 +227,32 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
          "rates_near": None if rates_at is None and not any(curves) else
          rates_near(levels, r["steps"], r["switch_losses"], rates_at or [None] * len(levels), curves=curves)}
   if any(curves):
-    out["rates_at_plan"] = [None if s is None else dict(zip(("rate", "delay"), (cv.at(s) if cv is not None else
-                                                                                (float(x), d))))
-                            for s, x, d, cv in zip(r["switch_losses"], rates, delays, curves)]
+    grown = [*r["steps"][1:], r["big_steps"]]  # Per doubling, the steps of the model it grows into.
+    out["rates_at_plan"] = [None if s is None else _read_at(cv, s, x, d, n)
+                            for s, x, d, cv, n in zip(r["switch_losses"], rates, delays, curves, grown)]
   out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
       target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays, curves))
   return out
 
 
+def _read_at(curve: Curve | None, loss: float, rate: float, delay: float, steps: int) -> dict:
+  """What a doubling is priced at where the plan hands over at ``loss`` and the grown model trains ``steps``: a rate
+  curve's (rate, delay) there; a trajectory curve's distance over those steps (in its scratch curve's steps) and the
+  mean rate that is; the constant ``rate`` and ``delay`` without a curve."""
+  if curve is None or isinstance(curve, RateCurve):
+    r, d = curve.at(loss) if curve is not None else (float(rate), float(delay))
+    return {"rate": r, "delay": d}
+  moved = curve.stage(loss).progress(steps)
+  return {"moved": moved, "steps": steps, "overall": moved / steps if steps else None}
+
+
 def _check_curves(levels: Sequence[Candidate], rate_curves) -> list:
-  """One ``RateCurve`` or None per doubling (None each when ``rate_curves`` is None), each over the stable curve of
+  """One ``Curve`` or None per doubling (None each when ``rate_curves`` is None), each over the stable curve of
   the model it grows from."""
   if rate_curves is None:
     return [None] * len(levels)
   curves = list(rate_curves)
-  if len(curves) != len(levels) or not all(c is None or isinstance(c, RateCurve) for c in curves):
+  if len(curves) != len(levels) or not all(c is None or isinstance(c, Curve) for c in curves):
     raise ValueError(f"Give one rate curve (or None) per doubling ({len(levels)}, the target's last), got {curves!r}.")
   wrong = [c.name for c, cv in zip(levels, curves) if cv is not None and cv.stable != c.stable]
   if wrong:
@@ -263,7 +275,7 @@ def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | 
 
 def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_losses: Sequence[float | None],
                rates_at: Sequence[float | None], span: float = RATES_SPAN,
-               curves: Sequence[RateCurve | None] | None = None) -> list[dict]:
+               curves: Sequence[Curve | None] | None = None) -> list[dict]:
   """Per doubling of a priced chain (``lower_steps`` per shallower model, 0 where the chain starts higher), how far
   its planned hand-over is from the one its rate was measured at (``rates_at``), as positions on the shallower
   model's own stable curve in its steps (for the first stage, the steps it trains). ``far`` where the ratio is
@@ -280,7 +292,7 @@ def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_l
     at = lambda loss: None if c.stable.cost(loss) is None else c.stable.cost(loss) / c.step_flops
     planned = at(switch_losses[k])
     if curves[k] is not None:
-      where = [x / c.step_flops for x, _, _ in curves[k].points]
+      where = [x / c.step_flops for x in curves[k].positions]
       measured = min(where, key=lambda x: abs(math.log(x / planned))) if planned else where[0]
       measured_loss = c.stable.loss_at(measured * c.step_flops)
     else:
@@ -305,7 +317,7 @@ def _curve_end(r: dict, levels: Sequence[Candidate], wsd) -> list[str]:
 def predict_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int,
                   rates: Sequence[float], lower_steps: Sequence[int], big_steps: int, landing: float = 0.0,
                   rate_factor: float = 1.0, delays: Sequence[float] | None = None,
-                  rate_curves: Sequence[RateCurve | None] | None = None) -> dict | None:
+                  rate_curves: Sequence[Curve | None] | None = None) -> dict | None:
   """What the pilots predict for a given stacking schedule (``lower_steps`` per shallower model, 0 where the chain
   starts higher, then ``big_steps`` of the target; ``target``: the target's decayed frontier): ``growth
   .predict_chain_wsd`` with every stacked model landing ``landing`` nats higher and, after its delay, learning at
