@@ -89,7 +89,7 @@ def check(a) -> dict:
     pool = [{**r, "rate": r["overall"], "delay": 0.0} for r in pool]
     own = [[{**r, "rate": r["overall"], "delay": 0.0} for r in rows] for rows in own]
   everything = pool + [row for rows in own for row in rows]
-  rows_out = []
+  rows_out, left_off = [], set()
   for i, (p, s) in enumerate(zip(a.plans, a.seeds)):
     d, seeds = _load(p), _load(s)
     plan = d["plan"]
@@ -103,8 +103,10 @@ def check(a) -> dict:
     rates, delays = plan["stack_rates"], plan["stack_delays"]
 
     def price(rows, kind=a.kind):
-      curves = plan_stacking.rate_curves(rows, levels, "trajectory" if kind == "trajectory" else "rate")[0] \
-          if rows else None
+      curves = None
+      if rows:
+        curves, _, off = plan_stacking.rate_curves(rows, levels, "trajectory" if kind == "trajectory" else "rate")
+        left_off.update((o["run"], o["doubling"]) for o in off)
       r = stack_planner.predict_stack(target, wsd, levels, step, steps, rates, lower, big, delays=delays,
                                       rate_curves=curves)
       return None if r is None or r.get("final_loss") is None else r["saving"]
@@ -135,7 +137,7 @@ def check(a) -> dict:
           "mean": statistics.mean(errs) if errs else None, "within_5": sum(abs(e) <= 5 for e in errs),
           "n": len(errs)}
   return {"command": cli.command("benchmarks.rate_curve_check"), "kind": a.kind, "rows": rows_out,
-          "summary": summary}
+          "summary": summary, "off_curve": sorted(list(x) for x in left_off)}
 
 
 def table(d: dict) -> str:
@@ -151,6 +153,9 @@ def table(d: dict) -> str:
   for k, s in d["summary"].items():
     lines.append(f"\n{k}: mean absolute error {pts(s['mean_abs'])} points, mean {pts(s['mean'])}, "
                  f"{s['within_5']} of {s['n']} within 5")
+  if d.get("off_curve"):
+    lines.append(f"\nleft out of the curves (handed over where the smaller model's pilot does not reach): "
+                 f"{', '.join(f'{run} ({what})' for run, what in d['off_curve'])}")
   return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 
-from absl import app
+from absl import app, logging
 
 
 def float_list(values: list, flag: str, zero: bool = False, what: str = "") -> list[float]:
@@ -58,11 +58,13 @@ def curve_rows(paths: list[str]) -> list[dict]:
   return rows
 
 
-def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, list[str]]:
+def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, list[str], list[dict]]:
   """Per doubling of the chain into the target (``levels`` shallowest first; doubling j grows into level n-1-j, 0
   the target), the ``growth_curves.RateCurve`` (``kind`` 'rate') or ``TrajectoryCurve`` ('trajectory') through
-  ``rows`` (``curve_rows``) over the stable curve of the model it grows
-  from, or None where no row measured it; and the names of the doublings left without one."""
+  ``rows`` (``curve_rows``) over the stable curve of the model it grows from, or None where no row measured it; the
+  names of the doublings left without one; and the rows left out because they handed over at a loss that model's
+  stable curve does not measure (a run that got further than the pilot cannot be placed on it; a longer pilot
+  places it)."""
   from multilevel.cycles.growth_curves import RateCurve, TrajectoryCurve
   n = len(levels)
   deep = sorted({r["level"] for r in rows if not 0 <= r["level"] < n})
@@ -70,14 +72,18 @@ def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, lis
     raise app.UsageError(f"--stack_rate_curves measured growths into level(s) {deep}, and this chain of {n} "
                          f"doubling(s) has levels 0 to {n - 1}: give rates of runs of this target's chain.")
   names = [c.name for c in levels[1:]] + ["the target"]
-  curves, missing = [], []
+  curves, missing, off = [], [], []
   for j, c in enumerate(levels):
-    mine = [r for r in rows if r["level"] == n - 1 - j]
+    name = f"{c.name} -> {names[j]}"
+    lo, hi = c.stable.loss_range
+    on = lambda r: lo <= r["handover_loss"] <= hi
+    mine = [r for r in rows if r["level"] == n - 1 - j and on(r)]
+    off += [{"doubling": name, "run": r.get("run"), "handover_loss": r["handover_loss"], "curve": [lo, hi]}
+            for r in rows if r["level"] == n - 1 - j and not on(r)]
     if not mine:
       curves.append(None)
       missing.append(names[j])
       continue
-    name = f"{c.name} -> {names[j]}"
     try:
       if kind == "trajectory":
         if not all(r.get("trajectory") for r in mine):
@@ -91,7 +97,7 @@ def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, lis
                                                                    for r in mine]))
     except ValueError as e:
       raise app.UsageError(f"--stack_rate_curves: {e}") from None
-  return curves, missing
+  return curves, missing, off
 
 
 def levels_from_files(paths: list[str], lr: float | None, layers: int | None = None) -> list:
@@ -188,9 +194,12 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
                                       "unmeasured": unmeasured, "by_level": {str(k): v for k, v in measured.items()}}
   curves = None
   if curve_rows:
-    curves, missing = rate_curves(curve_rows, levels, curve_kind)
+    curves, missing, off = rate_curves(curve_rows, levels, curve_kind)
+    if off:
+      logging.warning("--stack_rate_curves: %d measured growth(s) handed over at a loss their smaller model's pilot "
+                      "does not measure and are left out (a longer pilot places them): %s", len(off), off)
     record["stack_rate_curves"] = {"files": sorted({r["file"] for r in curve_rows}), "kind": curve_kind,
-                                   "without_curve": missing,
+                                   "without_curve": missing, "off_curve": off,
                                    "curves": [None if cv is None else cv.describe(c.step_flops)
                                               for c, cv in zip(levels, curves)]}
   # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).

@@ -228,8 +228,9 @@ def _rates_file(tmp_path, target, files, name, rates, losses):
 
 def test_the_plan_command_prices_stacking_off_rate_curves_from_stack_rates_files(tmp_path):
   target, files = write_files(tmp_path)
-  # Two schedules' runs: after the quarter hands over at 5.5 the half learns at 0.7x, at 4.4 at 1.5x.
-  rates = _rates_file(tmp_path, target, files, "r", [(0.7, 0.9), (1.5, 1.1)], [5.5, 4.4])
+  # Two schedules' runs: after the quarter hands over at 5.5 the half learns at 0.7x, at 4.4 at 1.5x; a third whose
+  # quarter handed over at 3.5, below what the quarter's pilot measures, cannot be placed: left out, and said.
+  rates = _rates_file(tmp_path, target, files, "r", [(0.7, 0.9), (1.5, 1.1), (1.0, 1.0)], [5.5, 4.4, 3.5])
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8000", "--set=train.decay=wsd",
           "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert", f"--stack_from={','.join(files)}"]
@@ -238,11 +239,13 @@ def test_the_plan_command_prices_stacking_off_rate_curves_from_stack_rates_files
   d = json.loads((tmp_path / "w" / "plan.json").read_text())
   rec = d["stack_rate_curves"]
   assert rec["files"] == [str(rates)] and rec["without_curve"] == []
-  assert [[round(p["rate"], 3) for p in c] for c in rec["curves"]] == [[0.7, 1.5], [0.9, 1.1]]
+  assert [round(p["rate"], 3) for p in rec["curves"][0]] == [0.7, 1.5]
+  assert [(o["doubling"], o["handover_loss"]) for o in rec["off_curve"]] == [("1-layer -> 2-layer", 3.5)]
+  assert "left out" in r.stderr
   # What the command planned is plan_stack priced off the curves the files give.
   from experiments import plan_stacking
   levels = plan_stacking.levels_from_files(files, None, 4)
-  curves, _ = plan_stacking.rate_curves(plan_stacking.curve_rows([str(rates)]), levels)
+  curves, _, _ = plan_stacking.rate_curves(plan_stacking.curve_rows([str(rates)]), levels)
   want = stack_planner.plan_stack(DECAYED, planner.Wsd(STABLE, 0.2), levels, STEP, 8000, [1.0, 1.0],
                                   rate_curves=curves)
   assert d["plan"]["stage_steps"] == want["stage_steps"]
@@ -252,7 +255,7 @@ def test_the_plan_command_prices_stacking_off_rate_curves_from_stack_rates_files
   assert t.returncode == 0, t.stderr[-3000:]
   dt = json.loads((tmp_path / "t" / "plan.json").read_text())
   assert dt["stack_rate_curves"]["kind"] == "trajectory"
-  traj, _ = plan_stacking.rate_curves(plan_stacking.curve_rows([str(rates)]), levels, "trajectory")
+  traj, _, _ = plan_stacking.rate_curves(plan_stacking.curve_rows([str(rates)]), levels, "trajectory")
   want = stack_planner.plan_stack(DECAYED, planner.Wsd(STABLE, 0.2), levels, STEP, 8000, [1.0, 1.0],
                                   rate_curves=traj)
   assert dt["plan"]["stage_steps"] == want["stage_steps"]
