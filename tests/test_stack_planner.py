@@ -228,7 +228,7 @@ def test_a_plan_says_where_it_hands_over_far_from_where_its_rates_were_measured(
   assert first["doubling"] == "quarter -> half" and first["far"] and first["ratio"] == pytest.approx(0.25, rel=1e-3)
   assert first["measured_steps"] == pytest.approx(4 * quarter_at / Q_STEP, rel=1e-3) and not second["far"]
   assert "note: the rate of quarter -> half was measured from loss" in report(r) and "0.25x" in report(r)
-  assert "plan again, or keep the hand-overs near (--stack_rates_span=2)" in report(r)  # Both ways out.
+  assert "--stack_rate_curves), or keep the hand-overs near (--stack_rates_span=2)" in report(r)  # The ways out.
   assert "half -> the target" not in report(r)
   # A loss off the shallower model's curve cannot be placed: far, said so.
   off = stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], rates_at=[9.0, p["switch_losses"][1]])
