@@ -12,9 +12,9 @@ plan's own runs (a file may hold several plans' runs: a plan's rows are those at
 ``benchmarks.seeds_shifted`` reading (its seeds' mean saving). Each plan's schedule, held as it ran, is priced
 (``stack_planner.predict_stack``) three ways: with the rates the plan was priced with (this reproduces its
 prediction; the curves of the files it names where it was priced with --stack_rate_curves), with curves through
-every measured doubling of --rates and --pool (in sample: its own runs included; --kind: which rate), and with curves through all but
-its own runs (left out: what a planner with the other runs would have said). Each beside the measured mean, in
-points of the saving.
+every measured doubling of --rates and --pool (in sample: its own runs included; --kind: which rate), and with
+curves through all but its own runs (left out: what a planner with the other runs would have said). Each beside the
+measured mean, in points of the saving.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def check(a) -> dict:
     left_out = pool + [row for j, rows in enumerate(own) if j != i for row in rows]
     measured = seeds["mean"]
     got = {"plan": os.path.basename(p), "steps": steps, "stages": plan["stage_steps"],
-           "predicted": plan["predicted_saving"], "as_priced": price(priced_with(d), (d.get("stack_rate_curves") or {}).get("kind")),
+           "predicted": plan["predicted_saving"],
+           "as_priced": price(priced_with(d), (d.get("stack_rate_curves") or {}).get("kind")),
            "curve_in_sample": price(everything),
            "curve_left_out": price(left_out), "measured": measured, "measured_range": [seeds["min"], seeds["max"]],
            "own_runs": len(own[i])}
@@ -143,8 +144,8 @@ def check(a) -> dict:
 def table(d: dict) -> str:
   pct = lambda x: "n/a" if x is None else f"{100 * x:+.1f}%"
   pts = lambda x: "n/a" if x is None else f"{x:+.1f}"
-  lines = ["| plan | T | stages | predicted (its rates) | curve, in sample | curve, its runs left out | measured (mean of "
-           "seeds) | errors (measured - each) |", "|---|---|---|---|---|---|---|---|"]
+  lines = ["| plan | T | stages | predicted (its rates) | curve, in sample | curve, its runs left out | "
+           "measured (mean of seeds) | errors (measured - each) |", "|---|---|---|---|---|---|---|---|"]
   for r in d["rows"]:
     lines.append(f"| {r['plan']} | {r['steps']} | {' / '.join(str(n) for n in r['stages'])} | {pct(r['predicted'])} "
                  f"| {pct(r['curve_in_sample'])} | {pct(r['curve_left_out'])} | {pct(r['measured'])} | "

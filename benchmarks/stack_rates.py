@@ -109,8 +109,8 @@ def table(d: dict) -> str:
     lines.append(f"| {r['run']} | {r['T']} | {r['variant']} | {r['level']} | {r['handover_loss']:.3f} | "
                  f"{r['rate']:.2f} | {r['delay']:.0f} | {r['overall']:.2f} | {r['steps_measured']} | {evals} |")
   if any(r.get("trajectory") for r in d["rows"]):
-    lines += ["", "Each stacked model's way along its own scratch curve, as (steps since its growth: scratch steps moved "
-              "from the loss it took over); a constant rate is a straight line through them:", "",
+    lines += ["", "Each stacked model's way along its own scratch curve, as (steps since its growth: scratch steps "
+              "moved from the loss it took over); a constant rate is a straight line through them:", "",
               "| run | T | into level | trajectory |", "|---|---|---|---|"]
     for r in d["rows"]:
       way = ", ".join(f"{t:.0f}: {q:.0f}" for t, _, q in r.get("trajectory") or [])

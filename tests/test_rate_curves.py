@@ -1,6 +1,6 @@
-"""How far a grown model gets as a function of where it grew (growth_curves): the curves themselves, the chains priced with it
-(frontier.best_table, growth.wsd_cost and predict_chain_wsd), the stacking plan (stack_planner.plan_stack), the plan
-command's --stack_rate_curves and benchmarks.rate_curve_check."""
+"""How far a grown model gets as a function of where it grew (growth_curves): the curves themselves, the chains
+priced with them (frontier.best_table, growth.wsd_cost and predict_chain_wsd), the stacking plan
+(stack_planner.plan_stack), the plan command's --stack_rate_curves and benchmarks.rate_curve_check."""
 
 import json
 import math
@@ -233,7 +233,8 @@ def test_the_plan_command_prices_stacking_off_rate_curves_from_stack_rates_files
   rates = _rates_file(tmp_path, target, files, "r", [(0.7, 0.9), (1.5, 1.1), (1.0, 1.0)], [5.5, 4.4, 3.5])
   config = os.path.join(ROOT, "experiments", "configs", "gpt.py") + ":test"
   args = [sys.executable, "-m", "experiments.plan", f"--config={config}", "--steps=8000", "--set=train.decay=wsd",
-          "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert", f"--stack_from={','.join(files)}"]
+          "--set=model.num_layers=4", f"--target_from={target}", "--methods=stackbert",
+          f"--stack_from={','.join(files)}"]
   r = run_cmd(args + [f"--workdir={tmp_path / 'w'}", f"--stack_rate_curves={rates}"])
   assert r.returncode == 0, r.stderr[-3000:]
   d = json.loads((tmp_path / "w" / "plan.json").read_text())
@@ -288,7 +289,8 @@ def test_the_rate_curve_check_reprices_each_plan_as_priced_with_its_own_runs_and
     rate_files.append(str(rf))
     s = tmp_path / f"seeds{i}.json"
     s.write_text(json.dumps({"mean": measured, "min": measured - 0.05, "max": measured + 0.05,
-                             "rows": [{"seed": 42, "saving": measured + 0.03}, {"seed": 1, "saving": measured - 0.03}]}))
+                             "rows": [{"seed": 42, "saving": measured + 0.03},
+                                      {"seed": 1, "saving": measured - 0.03}]}))
     seeds.append(str(s))
   a = cli.parse(rate_curve_check.define_flags, [f"--target={target}", f"--levels={','.join(files)}",
                                                 f"--plans={','.join(plans)}", f"--rates={','.join(rate_files)}",

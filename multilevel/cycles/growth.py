@@ -306,7 +306,7 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
   ``lower_steps[k]`` steps each in turn (0: skipped), each grown one landing ``jump`` above the loss it took over at
   on its own stable curve and, after ``delays[k]`` steps, moving along it at ``rates[k]`` (``rates[0]`` and
   ``delays[0]`` are not read), then the target as in ``predict_wsd`` at ``target_rate`` after ``target_delay``
-  steps. ``curves`` (as ``wsd_cost`` takes them): a model's rate and delay read at the loss it took over at.
+  steps. ``curves`` (as ``wsd_cost`` takes them): a model's stage read at the loss it took over at.
   Returns the loss each model hands over at (None where skipped) beside ``predict_wsd``'s answer for the target's
   stage; None where a curve does not reach."""
   rates = check_rates(rates, len(lower))
@@ -322,8 +322,11 @@ def predict_chain_wsd(lower: Sequence[Frontier], step_flops: Sequence[float], lo
     start = 0.0 if loss is None else curve.cost(loss + jump)
     if start is None:
       return None
-    st = None if loss is None else curves[k].stage(loss) if curves[k] is not None else Stage.linear(rates[k], delays[k])
-    pos = start + (n * f if st is None else st.progress(n) * f)
+    if loss is None:
+      pos = start + n * f
+    else:
+      st = curves[k].stage(loss) if curves[k] is not None else Stage.linear(rates[k], delays[k])
+      pos = start + st.progress(n) * f
     flops += n * f + (0.0 if loss is None else f)  # A grown model's first step, as the planner counts it.
     loss = curve.loss_at(pos)
     if loss is None:

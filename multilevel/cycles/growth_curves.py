@@ -224,8 +224,8 @@ class TrajectoryCurve(Curve):
                         merge: float = 1.1, tail: float = 0.5) -> "TrajectoryCurve":
     """The curve through ``measured`` (hand-over loss, [(steps since the growth, distance moved), ...]) rows."""
     groups = _placed(name, stable, [(loss, _measured_stage(name, way, tail)) for loss, way in measured], merge)
-    return cls(name, stable, tuple((sum(p[0] for p in g) / len(g), _mean_stage([p[1] for p in g], [1 / len(g)] * len(g)))
-                                   for g in groups), tuple(len(g) for g in groups))
+    mean = lambda g: (sum(p[0] for p in g) / len(g), _mean_stage([p[1] for p in g], [1 / len(g)] * len(g)))
+    return cls(name, stable, tuple(mean(g) for g in groups), tuple(len(g) for g in groups))
 
 
 def _measured_stage(name: str, way: Sequence[Sequence[float]], tail: float) -> Stage:

@@ -44,13 +44,12 @@ def stack_rates(curve: Sequence[Sequence[float]], stables: Sequence, step_flops:
   """How fast each stacked model of a run learned, from the run's eval ``curve`` (rows of FLOPs, seconds, eval loss,
   level; ``benchmarks.saving`` writes them) and the stable curves and step FLOPs of its models (``stables[level]``,
   ``step_flops[level]``; level 0 is the target; a stable curve None where unknown): per growth (shallowest first),
-  from the last eval before the growth to the model's last eval before ``knee`` (the FLOPs where the run's
-  cool-down starts), the model's position on its stable curve against the steps it trained, fitted as
-  ``rate * (steps - delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its
-  scratch run's pace from the loss it took over. ``trajectory``: per eval fitted, [steps since the growth, eval
-  loss, position in the model's scratch steps since the loss it took over]. ``overall`` is the plain ratio
-  (``growth.growth_rate``), ``evals``
-  the number of evals fitted (fewer than ``growth.MIN_EVALS`` is not a measurement to price with). None for a growth with
+  from the last eval before the growth to the model's last eval before ``knee`` (the FLOPs where the run's cool-down
+  starts), the model's position on its stable curve against the steps it trained, fitted as ``rate * (steps -
+  delay)``: it recovers from the growth for ``delay`` steps, then learns at ``rate`` times its scratch run's pace from
+  the loss it took over. ``trajectory``: per eval fitted, [steps since the growth, eval loss, position in the model's
+  scratch steps since the loss it took over]. ``overall`` is the plain ratio (``growth.growth_rate``), ``evals`` the
+  number of evals fitted (fewer than ``growth.MIN_EVALS`` is not a measurement to price with). None for a growth with
   no such evals or no curve."""
   out = []
   for i in range(1, len(curve)):
