@@ -101,17 +101,22 @@ class Curve:
     """The stage after a hand-over at ``loss`` of the smaller model: between two measured points their stages'
     mean weighted linearly in log position; beyond the points, and for a loss off the smaller model's curve, the
     stage of the end it lies beyond."""
+    k, w = self._between(loss)
+    return self.points[k][1] if w is None else _mean_stage((self.points[k][1], self.points[k + 1][1]), (1 - w, w))
+
+  def _between(self, loss: float) -> tuple[int, float | None]:
+    """Where a hand-over at ``loss`` lies among the points: (k, w), between point k and k + 1 at weight w in log
+    position; (k, None) at or beyond point k, an end (a loss off the smaller model's curve: the end it lies beyond)."""
     pos = self.stable.cost(loss)
     if pos is None:
       pos = self.points[0][0] if loss > self.stable.loss_range[1] else self.points[-1][0]
-    pts = self.points
-    if pos <= pts[0][0]:
-      return pts[0][1]
-    for (x0, s0), (x1, s1) in zip(pts, pts[1:]):
+    xs = self.positions
+    if pos <= xs[0]:
+      return 0, None
+    for k, (x0, x1) in enumerate(zip(xs, xs[1:])):
       if pos <= x1:
-        w = math.log(pos / x0) / math.log(x1 / x0)
-        return _mean_stage((s0, s1), (1 - w, w))
-    return pts[-1][1]
+        return k, math.log(pos / x0) / math.log(x1 / x0)
+    return len(xs) - 1, None
 
   def scaled(self, factor: float):
     """The same curve with every stage moving ``factor`` times as far (a plan's margins)."""
@@ -121,11 +126,9 @@ class Curve:
     """The (lowest, highest) losses of the smaller model within ``span`` times (either way) of a measured position,
     one interval per point, overlapping ones merged (the curve's ends where the span runs past them): where a plan
     may hand over and still be priced near a measurement rather than across a gap."""
-    lo, hi = self.stable.loss_range
     out: list[tuple[float, float]] = []
     for x in self.positions:
-      further, earlier = self.stable.loss_at(x * span), self.stable.loss_at(x / span)
-      low, high = lo if further is None else further, hi if earlier is None else earlier
+      low, high = span_losses(self.stable, x, span)
       if out and high >= out[-1][0]:  # Positions ascend, so losses descend: this one overlaps the last.
         out[-1] = (min(low, out[-1][0]), out[-1][1])
       else:
@@ -142,6 +145,14 @@ class Curve:
   def _shown(self, s: Stage) -> dict:
     t, q = s.knots[-1]
     return {"measured_steps": round(t, 1), "moved": round(q, 1), "then": round(s.slope, 4)}
+
+
+def span_losses(stable: Frontier, pos: float, span: float) -> tuple[float, float]:
+  """The (lowest, highest) loss on ``stable`` within ``span`` times (either way) of position ``pos`` (FLOPs), the
+  curve's ends where the span runs past them."""
+  lo, hi = stable.loss_range
+  further, earlier = stable.loss_at(pos * span), stable.loss_at(pos / span)
+  return (lo if further is None else further, hi if earlier is None else earlier)
 
 
 def _placed(name: str, stable: Frontier, measured: Sequence[tuple], merge: float) -> list[list[tuple]]:
@@ -194,18 +205,12 @@ class RateCurve(Curve):
 
   def at(self, loss: float) -> tuple[float, float]:
     """(rate, delay in steps) after a hand-over at ``loss`` of the smaller model, interpolated as ``stage`` is."""
-    pos = self.stable.cost(loss)
-    if pos is None:
-      pos = self.points[0][0] if loss > self.stable.loss_range[1] else self.points[-1][0]
     rd = [(s.slope, s.knots[-1][0]) for _, s in self.points]
-    xs = self.positions
-    if pos <= xs[0]:
-      return rd[0]
-    for (x0, (r0, d0)), (x1, (r1, d1)) in zip(zip(xs, rd), zip(xs[1:], rd[1:])):
-      if pos <= x1:
-        w = math.log(pos / x0) / math.log(x1 / x0)
-        return r0 + w * (r1 - r0), d0 + w * (d1 - d0)
-    return rd[-1]
+    k, w = self._between(loss)
+    if w is None:
+      return rd[k]
+    (r0, d0), (r1, d1) = rd[k], rd[k + 1]
+    return r0 + w * (r1 - r0), d0 + w * (d1 - d0)
 
   def stage(self, loss: float) -> Stage:
     return Stage.linear(*self.at(loss))

@@ -26,7 +26,7 @@ import math
 from typing import Sequence
 
 from multilevel.cycles.growth import growth_rate, margin_rows, predict_chain_wsd, wsd_cost
-from multilevel.cycles.growth_curves import Curve, RateCurve, Stage
+from multilevel.cycles.growth_curves import Curve, RateCurve, span_losses
 from multilevel.cycles.pilots import Candidate
 
 # How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
@@ -265,11 +265,7 @@ def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | 
   way) its position on its stable curve at loss ``at`` (the curve's ends where the span runs past them); None (no
   constraint) where ``at`` is off that curve."""
   pos = c.stable.cost(at)
-  if pos is None:
-    return None
-  lo, hi = c.stable.loss_range
-  further, earlier = c.stable.loss_at(pos * span), c.stable.loss_at(pos / span)
-  return (lo if further is None else further, hi if earlier is None else earlier)
+  return None if pos is None else span_losses(c.stable, pos, span)
 
 
 def rates_near(levels: Sequence[Candidate], lower_steps: Sequence[int], switch_losses: Sequence[float | None],
