@@ -39,6 +39,8 @@ import time
 
 from absl import app, flags, logging
 
+from experiments import plan_stacking
+
 _CONFIG = flags.DEFINE_string("config", None, "The target's config file, path[:size] (experiments/configs/<family>.py).")
 _SET = flags.DEFINE_multi_string("set", [], "Override KEY=VALUE on the config (e.g. train.batch_size=32).")
 _STEPS = flags.DEFINE_integer("steps", None, "The budget: train.steps of the scratch run the plan is measured against.")
@@ -92,46 +94,7 @@ _METHODS = flags.DEFINE_list("methods", [], "Schedules to price; the plan is the
                              "target at half, a quarter, ... of its depth at train.lr (--stack_doublings). Default: "
                              "both under WSD pricing (stackbert not when --small_from replaces the V-cycle's pilots "
                              "and --stack_from does not replace stacking's), else vcycle.")
-_STACK_DOUBLINGS = flags.DEFINE_integer("stack_doublings", 2, "Most depth doublings of a stacking plan (2: the "
-                                        "target's depth / 4, then / 2, then the target).")
-_STACK_RATES = flags.DEFINE_list("stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
-                                 "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
-                                 "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
-                                 "1.49,0.927 with --stack_delays=43.5,25.9; on Shakespeare 0.961,1.26 with 12.1,62.2 "
-                                 "(benchmarks.stack_rates; benchmarks/SAVINGS.md).")
-_STACK_DELAYS = flags.DEFINE_list("stack_delays", [], "D,...: steps each stacked model first spends recovering from "
-                                  "its doubling before it learns at its rate, one per doubling (default 0 each).")
-_STACK_RATES_AT = flags.DEFINE_list("stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
-                                    "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
-                                    "says where it hands over far from them (a rate holds near where it was measured).")
-_STACK_RATES_SPAN = flags.DEFINE_float("stack_rates_span", 0.0, "With the losses the rates were measured from "
-                                       "(--stack_rates_at or --stack_rates_from): price only chains whose every "
-                                       "hand-over lies within this factor (> 1, either way) of the measured one on the "
-                                       "shallower model's own curve, where the rates hold (0: anywhere, with a note "
-                                       "past 2x).")
-_STACK_MIN_TARGET = flags.DEFINE_float("stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
-                                       "target, as a share of --steps (its cool-down is always inside them).")
-_STACK_MIN_STAGE = flags.DEFINE_float("stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
-                                      "plan trains, as a share of --steps: only chains whose every stage is that "
-                                      "long are priced (the rates are measured on real stages, not a step or two).")
-_STACK_RATES_FROM = flags.DEFINE_list("stack_rates_from", [], "Workdirs of earlier cycle.method=stackbert runs of "
-                                      "this config: each doubling they measured gets its rate, delay and loss before "
-                                      "it from them (fitted on the pilots' stable curves, the mean over the runs) "
-                                      "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
-                                      "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
-                                      "values.")
-_STACK_RATE_CURVES = flags.DEFINE_list("stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
-                                       "doubling they measured is priced off a rate curve through all its "
-                                       "measurements (rate and delay against where the shallower model handed over, "
-                                       "multilevel.cycles.growth_curves) instead of one rate, so a plan that hands "
-                                       "over earlier or later than the runs did is priced at what they measured there; "
-                                       "with --stack_rates_span, only within that factor of the measured hand-overs.")
-_STACK_CURVE_KIND = flags.DEFINE_enum("stack_curve_kind", "rate", ["rate", "trajectory"], "What --stack_rate_curves "
-                                      "interpolates: each growth's fitted rate and delay ('rate'), or the way it "
-                                      "went, eval by eval ('trajectory': a stacked model that speeds up over its "
-                                      "stage is priced as it went, not as a straight line through it).")
-_STACK_FROM = flags.DEFINE_list("stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run files of "
-                                "the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
+_STACK = plan_stacking.define_flags(flags.FLAGS)
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
@@ -175,7 +138,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax
 
-  from experiments import plan_stacking, plan_vcycle
+  from experiments import plan_vcycle
   from experiments.configs.common import key_values
   from multilevel.cycles import plan_report, planner
   if _COMPILE_CACHE.value:
@@ -188,14 +151,7 @@ def main(argv):
   methods = _METHODS.value
   if any(m not in METHODS for m in methods):
     raise app.UsageError(f"--methods={','.join(methods)}: choose one or more of {list(METHODS)}.")
-  for flag in (_STACK_MIN_TARGET, _STACK_MIN_STAGE):
-    if not 0 < flag.value < 1:
-      raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
-  if _STACK_DOUBLINGS.value < 1:
-    raise app.UsageError(f"--stack_doublings must be 1 or more, got {_STACK_DOUBLINGS.value}.")
-  plan_stacking.check_span(_STACK_RATES_SPAN.value,
-                           _STACK_RATES_AT.value or _STACK_RATES_FROM.value or _STACK_RATE_CURVES.value)
-  curve_rows = plan_stacking.curve_rows(_STACK_RATE_CURVES.value)
+  stack = _STACK.checked()  # (Refused before any pilot trains, as every flag is.)
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -222,7 +178,7 @@ def main(argv):
   if not _JUMP_FROM.value and not _JUMP.value >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {_JUMP.value}.")
   for flag, files in (("target_from", _TARGET_FROM.value), ("small_from", _SMALL_FROM.value),
-                      ("stack_from", _STACK_FROM.value)):
+                      ("stack_from", _STACK.stack_from.value)):
     missing = [p for f in files for p in f.split("+") if not os.path.isfile(p)]  # 'a.json+b.json' pools files.
     if missing:
       raise app.UsageError(f"--{flag}: no file {', '.join(missing)}.")
@@ -243,12 +199,9 @@ def main(argv):
     raise app.UsageError("--methods=stackbert is priced under one WSD schedule only (train.decay=wsd); drop it or "
                          "plan a WSD run.")
   if not methods:
-    methods = ["vcycle", "stackbert"] if wsd and (_STACK_FROM.value or not _SMALL_FROM.value) else ["vcycle"]
-  if _STACK_FROM.value and "stackbert" not in methods:
+    methods = ["vcycle", "stackbert"] if wsd and (_STACK.stack_from.value or not _SMALL_FROM.value) else ["vcycle"]
+  if _STACK.stack_from.value and "stackbert" not in methods:
     raise app.UsageError("--stack_from gives stacking's pilots; add stackbert to --methods.")
-  stack_rates = plan_stacking.float_list(_STACK_RATES.value, "--stack_rates")
-  stack_delays = plan_stacking.float_list(_STACK_DELAYS.value, "--stack_delays", zero=True)
-  stack_at = plan_stacking.float_list(_STACK_RATES_AT.value, "--stack_rates_at", what="finite positive losses")
   if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
     raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
 
@@ -321,13 +274,13 @@ def main(argv):
     except ValueError as e:
       raise app.UsageError(str(e)) from None
   if "stackbert" in methods:
-    levels = plan_stacking.stack_levels(_STACK_FROM.value, _STACK_DOUBLINGS.value, base, target_model.num_layers,
+    levels = plan_stacking.stack_levels(_STACK.stack_from.value, stack.doublings, base, target_model.num_layers,
                                         small_pilots, seeds, run, record)
     if levels:
-      plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack_rates,
-                                            stack_delays, _STACK_RATES_FROM.value, _STACK_MIN_TARGET.value,
-                                            _STACK_MIN_STAGE.value, margins, record, base, stack_at or None,
-                                            _STACK_RATES_SPAN.value, curve_rows, _STACK_CURVE_KIND.value))
+      plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack.rates,
+                                            stack.delays, stack.rates_from, stack.min_target, stack.min_stage,
+                                            margins, record, base, stack.rates_at or None, stack.span,
+                                            stack.curve_rows, stack.curve_kind))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

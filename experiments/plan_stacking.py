@@ -7,7 +7,99 @@ import dataclasses
 import math
 import os
 
-from absl import app, logging
+from absl import app, flags, logging
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The stacking flags, checked and parsed (``StackFlags.checked``)."""
+  doublings: int
+  rates: list[float]
+  delays: list[float]
+  rates_at: list[float]
+  span: float
+  min_target: float
+  min_stage: float
+  rates_from: list[str]
+  curve_rows: list[dict]
+  curve_kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StackFlags:
+  """The plan command's stacking flags (``define_flags``)."""
+  doublings: flags.FlagHolder
+  rates: flags.FlagHolder
+  delays: flags.FlagHolder
+  rates_at: flags.FlagHolder
+  span: flags.FlagHolder
+  min_target: flags.FlagHolder
+  min_stage: flags.FlagHolder
+  rates_from: flags.FlagHolder
+  rate_curves: flags.FlagHolder
+  curve_kind: flags.FlagHolder
+  stack_from: flags.FlagHolder
+
+  def checked(self) -> Settings:
+    """The flags' values, or a usage error naming the bad one (called before any pilot trains)."""
+    for flag in (self.min_target, self.min_stage):
+      if not 0 < flag.value < 1:
+        raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
+    if self.doublings.value < 1:
+      raise app.UsageError(f"--stack_doublings must be 1 or more, got {self.doublings.value}.")
+    check_span(self.span.value, self.rates_at.value or self.rates_from.value or self.rate_curves.value)
+    return Settings(self.doublings.value, float_list(self.rates.value, "--stack_rates"),
+                    float_list(self.delays.value, "--stack_delays", zero=True),
+                    float_list(self.rates_at.value, "--stack_rates_at", what="finite positive losses"),
+                    self.span.value, self.min_target.value, self.min_stage.value, self.rates_from.value,
+                    curve_rows(self.rate_curves.value), self.curve_kind.value)
+
+
+def define_flags(fv: flags.FlagValues) -> StackFlags:
+  """Defines the stacking flags of ``experiments.plan`` on ``fv``."""
+  d = lambda define, *args: define(*args, flag_values=fv)
+  return StackFlags(
+      doublings=d(flags.DEFINE_integer, "stack_doublings", 2, "Most depth doublings of a stacking plan (2: the "
+                  "target's depth / 4, then / 2, then the target)."),
+      rates=d(flags.DEFINE_list, "stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
+              "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
+              "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
+              "1.49,0.927 with --stack_delays=43.5,25.9; on Shakespeare 0.961,1.26 with 12.1,62.2 "
+              "(benchmarks.stack_rates; benchmarks/SAVINGS.md)."),
+      delays=d(flags.DEFINE_list, "stack_delays", [], "D,...: steps each stacked model first spends recovering from "
+               "its doubling before it learns at its rate, one per doubling (default 0 each)."),
+      rates_at=d(flags.DEFINE_list, "stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
+                 "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
+                 "says where it hands over far from them (a rate holds near where it was measured)."),
+      span=d(flags.DEFINE_float, "stack_rates_span", 0.0, "With the losses the rates were measured from "
+             "(--stack_rates_at or --stack_rates_from): price only chains whose every "
+             "hand-over lies within this factor (> 1, either way) of the measured one on the "
+             "shallower model's own curve, where the rates hold (0: anywhere, with a note "
+             "past 2x)."),
+      min_target=d(flags.DEFINE_float, "stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
+                   "target, as a share of --steps (its cool-down is always inside them)."),
+      min_stage=d(flags.DEFINE_float, "stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
+                  "plan trains, as a share of --steps: only chains whose every stage is that "
+                  "long are priced (the rates are measured on real stages, not a step or two)."),
+      rates_from=d(flags.DEFINE_list, "stack_rates_from", [], "Workdirs of earlier cycle.method=stackbert runs of "
+                   "this config: each doubling they measured gets its rate, delay and loss before "
+                   "it from them (fitted on the pilots' stable curves, the mean over the runs) "
+                   "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
+                   "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
+                   "values."),
+      rate_curves=d(flags.DEFINE_list, "stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
+                    "doubling they measured is priced off a rate curve through all its "
+                    "measurements (rate and delay against where the shallower model handed over, "
+                    "multilevel.cycles.growth_curves) instead of one rate, so a plan that hands "
+                    "over earlier or later than the runs did is priced at what they measured there; "
+                    "with --stack_rates_span, only within that factor of the measured hand-overs."),
+      curve_kind=d(flags.DEFINE_enum, "stack_curve_kind", "rate", ["rate", "trajectory"], "What --stack_rate_curves "
+                   "interpolates: each growth's fitted rate and delay ('rate'), or the way it "
+                   "went, eval by eval ('trajectory': a stacked model that speeds up over its "
+                   "stage is priced as it went, not as a straight line through it)."),
+      stack_from=d(flags.DEFINE_list, "stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run "
+                   "files of the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth."),
+  )
 
 
 def float_list(values: list, flag: str, zero: bool = False, what: str = "") -> list[float]:
