@@ -168,7 +168,7 @@ def rate_curves(rows: list[dict], levels, kind: str = "rate") -> tuple[list, lis
   for j, c in enumerate(levels):
     name = f"{c.name} -> {names[j]}"
     lo, hi = c.stable.loss_range
-    on = lambda r: lo <= r["handover_loss"] <= hi
+    on = lambda r: c.stable.cost(r["handover_loss"]) is not None  # (What growth_curves places on the curve.)
     mine = [r for r in rows if r["level"] == n - 1 - j and on(r)]
     off += [{"doubling": name, "run": r.get("run"), "handover_loss": r["handover_loss"], "curve": [lo, hi]}
             for r in rows if r["level"] == n - 1 - j and not on(r)]
