@@ -151,7 +151,7 @@ def main(argv):
   methods = _METHODS.value
   if any(m not in METHODS for m in methods):
     raise app.UsageError(f"--methods={','.join(methods)}: choose one or more of {list(METHODS)}.")
-  stack = _STACK.checked()  # (Refused before any pilot trains, as every flag is.)
+  stack = _STACK()  # (Refused before any pilot trains, as every flag is.)
   unknown = [c for c in _CANDIDATES.value if c not in CANDIDATES]
   if unknown:
     raise app.UsageError(f"--candidates: unknown {unknown}; choose from {list(CANDIDATES)}.")
@@ -178,7 +178,7 @@ def main(argv):
   if not _JUMP_FROM.value and not _JUMP.value >= 0:
     raise app.UsageError(f"--handover_jump must be >= 0 nats, got {_JUMP.value}.")
   for flag, files in (("target_from", _TARGET_FROM.value), ("small_from", _SMALL_FROM.value),
-                      ("stack_from", _STACK.stack_from.value)):
+                      ("stack_from", stack.stack_from)):
     missing = [p for f in files for p in f.split("+") if not os.path.isfile(p)]  # 'a.json+b.json' pools files.
     if missing:
       raise app.UsageError(f"--{flag}: no file {', '.join(missing)}.")
@@ -199,8 +199,8 @@ def main(argv):
     raise app.UsageError("--methods=stackbert is priced under one WSD schedule only (train.decay=wsd); drop it or "
                          "plan a WSD run.")
   if not methods:
-    methods = ["vcycle", "stackbert"] if wsd and (_STACK.stack_from.value or not _SMALL_FROM.value) else ["vcycle"]
-  if _STACK.stack_from.value and "stackbert" not in methods:
+    methods = ["vcycle", "stackbert"] if wsd and (stack.stack_from or not _SMALL_FROM.value) else ["vcycle"]
+  if stack.stack_from and "stackbert" not in methods:
     raise app.UsageError("--stack_from gives stacking's pilots; add stackbert to --methods.")
   if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
     raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
@@ -274,13 +274,11 @@ def main(argv):
     except ValueError as e:
       raise app.UsageError(str(e)) from None
   if "stackbert" in methods:
-    levels = plan_stacking.stack_levels(_STACK.stack_from.value, stack.doublings, base, target_model.num_layers,
+    levels = plan_stacking.stack_levels(stack.stack_from, stack.doublings, base, target_model.num_layers,
                                         small_pilots, seeds, run, record)
     if levels:
-      plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack.rates,
-                                            stack.delays, stack.rates_from, stack.min_target, stack.min_stage,
-                                            margins, record, base, stack.rates_at or None, stack.span,
-                                            stack.curve_rows, stack.curve_kind))
+      plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack,
+                                            margins, record))
   if not plans:
     raise app.UsageError(f"nothing to plan: the target's {target_model.num_layers} layers cannot be halved for "
                          f"stacking, and --methods={','.join(methods)} prices nothing else.")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Callable
 
 from absl import app, flags, logging
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The stacking flags, checked and parsed (``StackFlags.checked``)."""
+  """The stacking flags of ``experiments.plan``, checked and parsed (what ``define_flags``'s reader returns)."""
   doublings: int
   rates: list[float]
   delays: list[float]
@@ -23,83 +24,67 @@ class Settings:
   rates_from: list[str]
   curve_rows: list[dict]
   curve_kind: str
+  stack_from: list[str]
 
 
-@dataclasses.dataclass(frozen=True)
-class StackFlags:
-  """The plan command's stacking flags (``define_flags``)."""
-  doublings: flags.FlagHolder
-  rates: flags.FlagHolder
-  delays: flags.FlagHolder
-  rates_at: flags.FlagHolder
-  span: flags.FlagHolder
-  min_target: flags.FlagHolder
-  min_stage: flags.FlagHolder
-  rates_from: flags.FlagHolder
-  rate_curves: flags.FlagHolder
-  curve_kind: flags.FlagHolder
-  stack_from: flags.FlagHolder
+def define_flags(fv: flags.FlagValues) -> Callable[[], Settings]:
+  """Defines the stacking flags of ``experiments.plan`` on ``fv``; returns their reader: the values as ``Settings``,
+  or a usage error naming the bad flag (called before any pilot trains)."""
+  d = lambda define, *args: define(*args, flag_values=fv)
+  doublings = d(flags.DEFINE_integer, "stack_doublings", 2, "Most depth doublings of a stacking plan (2: the "
+                "target's depth / 4, then / 2, then the target).")
+  rates = d(flags.DEFINE_list, "stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
+            "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
+            "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
+            "1.49,0.927 with --stack_delays=43.5,25.9; on Shakespeare 0.961,1.26 with 12.1,62.2 "
+            "(benchmarks.stack_rates; benchmarks/SAVINGS.md).")
+  delays = d(flags.DEFINE_list, "stack_delays", [], "D,...: steps each stacked model first spends recovering from "
+             "its doubling before it learns at its rate, one per doubling (default 0 each).")
+  rates_at = d(flags.DEFINE_list, "stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
+               "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
+               "says where it hands over far from them (a rate holds near where it was measured).")
+  span = d(flags.DEFINE_float, "stack_rates_span", 0.0, "With the losses the rates were measured from "
+           "(--stack_rates_at or --stack_rates_from): price only chains whose every "
+           "hand-over lies within this factor (> 1, either way) of the measured one on the "
+           "shallower model's own curve, where the rates hold (0: anywhere, with a note "
+           "past 2x).")
+  min_target = d(flags.DEFINE_float, "stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
+                 "target, as a share of --steps (its cool-down is always inside them).")
+  min_stage = d(flags.DEFINE_float, "stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
+                "plan trains, as a share of --steps: only chains whose every stage is that "
+                "long are priced (the rates are measured on real stages, not a step or two).")
+  rates_from = d(flags.DEFINE_list, "stack_rates_from", [], "Workdirs of earlier cycle.method=stackbert runs of "
+                 "this config: each doubling they measured gets its rate, delay and loss before "
+                 "it from them (fitted on the pilots' stable curves, the mean over the runs) "
+                 "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
+                 "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
+                 "values.")
+  rate_curves_ = d(flags.DEFINE_list, "stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
+                   "doubling they measured is priced off a rate curve through all its "
+                   "measurements (rate and delay against where the shallower model handed over, "
+                   "multilevel.cycles.growth_curves) instead of one rate, so a plan that hands "
+                   "over earlier or later than the runs did is priced at what they measured there; "
+                   "with --stack_rates_span, only within that factor of the measured hand-overs.")
+  curve_kind = d(flags.DEFINE_enum, "stack_curve_kind", "rate", ["rate", "trajectory"], "What --stack_rate_curves "
+                 "interpolates: each growth's fitted rate and delay ('rate'), or the way it "
+                 "went, eval by eval ('trajectory': a stacked model that speeds up over its "
+                 "stage is priced as it went, not as a straight line through it).")
+  stack_from = d(flags.DEFINE_list, "stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run "
+                 "files of the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth.")
 
-  def checked(self) -> Settings:
-    """The flags' values, or a usage error naming the bad one (called before any pilot trains)."""
-    for flag in (self.min_target, self.min_stage):
+  def read() -> Settings:
+    for flag in (min_target, min_stage):
       if not 0 < flag.value < 1:
         raise app.UsageError(f"--{flag.name} is a share of the steps in (0, 1), got {flag.value}.")
-    if self.doublings.value < 1:
-      raise app.UsageError(f"--stack_doublings must be 1 or more, got {self.doublings.value}.")
-    check_span(self.span.value, self.rates_at.value or self.rates_from.value or self.rate_curves.value)
-    return Settings(self.doublings.value, float_list(self.rates.value, "--stack_rates"),
-                    float_list(self.delays.value, "--stack_delays", zero=True),
-                    float_list(self.rates_at.value, "--stack_rates_at", what="finite positive losses"),
-                    self.span.value, self.min_target.value, self.min_stage.value, self.rates_from.value,
-                    curve_rows(self.rate_curves.value), self.curve_kind.value)
-
-
-def define_flags(fv: flags.FlagValues) -> StackFlags:
-  """Defines the stacking flags of ``experiments.plan`` on ``fv``."""
-  d = lambda define, *args: define(*args, flag_values=fv)
-  return StackFlags(
-      doublings=d(flags.DEFINE_integer, "stack_doublings", 2, "Most depth doublings of a stacking plan (2: the "
-                  "target's depth / 4, then / 2, then the target)."),
-      rates=d(flags.DEFINE_list, "stack_rates", [], "R,...: how fast each stacked model learns from the loss before "
-              "its doubling, as a fraction of its scratch run's pace, one per doubling (the "
-              "shallowest growth first, the target's last; default 1 each). GPT on gcide measured "
-              "1.49,0.927 with --stack_delays=43.5,25.9; on Shakespeare 0.961,1.26 with 12.1,62.2 "
-              "(benchmarks.stack_rates; benchmarks/SAVINGS.md)."),
-      delays=d(flags.DEFINE_list, "stack_delays", [], "D,...: steps each stacked model first spends recovering from "
-               "its doubling before it learns at its rate, one per doubling (default 0 each)."),
-      rates_at=d(flags.DEFINE_list, "stack_rates_at", [], "L,...: the loss before each doubling that its rate was "
-                 "measured from (benchmarks.stack_rates prints them), one per doubling: the plan "
-                 "says where it hands over far from them (a rate holds near where it was measured)."),
-      span=d(flags.DEFINE_float, "stack_rates_span", 0.0, "With the losses the rates were measured from "
-             "(--stack_rates_at or --stack_rates_from): price only chains whose every "
-             "hand-over lies within this factor (> 1, either way) of the measured one on the "
-             "shallower model's own curve, where the rates hold (0: anywhere, with a note "
-             "past 2x)."),
-      min_target=d(flags.DEFINE_float, "stack_min_target_frac", 0.05, "Fewest steps a stacking plan leaves the "
-                   "target, as a share of --steps (its cool-down is always inside them)."),
-      min_stage=d(flags.DEFINE_float, "stack_min_stage_frac", 0.05, "Fewest steps each shallower model of a stacking "
-                  "plan trains, as a share of --steps: only chains whose every stage is that "
-                  "long are priced (the rates are measured on real stages, not a step or two)."),
-      rates_from=d(flags.DEFINE_list, "stack_rates_from", [], "Workdirs of earlier cycle.method=stackbert runs of "
-                   "this config: each doubling they measured gets its rate, delay and loss before "
-                   "it from them (fitted on the pilots' stable curves, the mean over the runs) "
-                   "instead of --stack_rates, --stack_delays and --stack_rates_at; one they did "
-                   "not (fewer than 3 evals of it before the cool-down) keeps those flags' "
-                   "values."),
-      rate_curves=d(flags.DEFINE_list, "stack_rate_curves", [], "Files benchmarks.stack_rates wrote (--out): every "
-                    "doubling they measured is priced off a rate curve through all its "
-                    "measurements (rate and delay against where the shallower model handed over, "
-                    "multilevel.cycles.growth_curves) instead of one rate, so a plan that hands "
-                    "over earlier or later than the runs did is priced at what they measured there; "
-                    "with --stack_rates_span, only within that factor of the measured hand-overs."),
-      curve_kind=d(flags.DEFINE_enum, "stack_curve_kind", "rate", ["rate", "trajectory"], "What --stack_rate_curves "
-                   "interpolates: each growth's fitted rate and delay ('rate'), or the way it "
-                   "went, eval by eval ('trajectory': a stacked model that speeds up over its "
-                   "stage is priced as it went, not as a straight line through it)."),
-      stack_from=d(flags.DEFINE_list, "stack_from", [], "Instead of the stacking pilots: benchmarks.bound level-run "
-                   "files of the shallower models (runs at --lr_scales=1 with curves, under WSD), one per depth."),
-  )
+    if doublings.value < 1:
+      raise app.UsageError(f"--stack_doublings must be 1 or more, got {doublings.value}.")
+    check_span(span.value, rates_at.value or rates_from.value or rate_curves_.value)
+    return Settings(doublings.value, float_list(rates.value, "--stack_rates"),
+                    float_list(delays.value, "--stack_delays", zero=True),
+                    float_list(rates_at.value, "--stack_rates_at", what="finite positive losses"),
+                    span.value, min_target.value, min_stage.value, rates_from.value,
+                    curve_rows(rate_curves_.value), curve_kind.value, stack_from.value)
+  return read
 
 
 def float_list(values: list, flag: str, zero: bool = False, what: str = "") -> list[float]:
@@ -240,29 +225,28 @@ def stack_levels(stack_from: list[str], doublings_max: int, base, layers: int, s
   return out
 
 
-def stack_plan(target, settings, levels, target_step, steps, target_cost, rates, delays, rates_from: list[str],
-               min_target_frac: float, min_stage_frac: float, margins, record, base, rates_at=None,
-               rates_span: float = 0.0, curve_rows: list[dict] | None = None, curve_kind: str = "rate") -> dict:
-  """``stack_planner.plan_stack`` with the command's rates and delays (--stack_rates and --stack_delays; where the
-  run directories ``rates_from`` measured a doubling, theirs: --stack_rates_from) and the losses they were measured
-  from (--stack_rates_at, or those runs'), the target held to ``min_target_frac`` of the steps, each shallower
-  stage to ``min_stage_frac``, each hand-over within ``rates_span`` of where its rate was measured (0: anywhere),
-  and the pilots' warm-up; its pilot cost and net saving added as ``plan_vcycle`` reports them. ``curve_rows``
-  (--stack_rate_curves): the doublings they measured are priced off rate curves (``rate_curves``)."""
+def stack_plan(target, wsd, levels, target_step, steps, target_cost, stack: Settings, margins, record) -> dict:
+  """``stack_planner.plan_stack`` under the WSD settings ``wsd`` with the stacking flags ``stack``: the rates and
+  delays of --stack_rates and --stack_delays (where the run directories of --stack_rates_from measured a doubling,
+  theirs) and the losses they were measured from (--stack_rates_at, or those runs'), the target held to
+  --stack_min_target_frac of the steps, each shallower stage to --stack_min_stage_frac, each hand-over within
+  --stack_rates_span of where its rate was measured (0: anywhere), and the pilots' warm-up; its pilot cost and net
+  saving added as ``plan_vcycle`` reports them. With --stack_rate_curves the doublings they measured are priced off
+  rate curves (``rate_curves``)."""
   from multilevel.cycles import growth, stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
-  rates, delays = list(rates or [1.0] * n), list(delays or [0.0] * n)
-  rates_at = list(rates_at) if rates_at else [None] * n
+  rates, delays = list(stack.rates or [1.0] * n), list(stack.delays or [0.0] * n)
+  rates_at = list(stack.rates_at) if stack.rates_at else [None] * n
   for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at)):
     if len(values) != n:
       raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
                            f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
   unmeasured = []
-  if rates_from:
-    stables, steps_of = stack_planner.by_level(settings.target, target_step, levels)
+  if stack.rates_from:
+    stables, steps_of = stack_planner.by_level(wsd.target, target_step, levels)
     measured = {}
-    for w in rates_from:
+    for w in stack.rates_from:
       if not os.path.exists(os.path.join(w, "metrics.jsonl")):
         raise app.UsageError(f"--stack_rates_from={w}: no metrics.jsonl there (a run's workdir is expected).")
       method = _method_of(w)
@@ -282,25 +266,25 @@ def stack_plan(target, settings, levels, target_step, steps, target_cost, rates,
         rates[j], delays[j], rates_at[j] = (sum(m[i] for m in got) / len(got) for i in range(3))
       else:
         unmeasured.append(names[j])
-    record["stack_rates_measured"] = {"runs": rates_from, "rates": rates, "delays": delays, "at": rates_at,
+    record["stack_rates_measured"] = {"runs": stack.rates_from, "rates": rates, "delays": delays, "at": rates_at,
                                       "unmeasured": unmeasured, "by_level": {str(k): v for k, v in measured.items()}}
   curves = None
-  if curve_rows:
-    curves, missing, off = rate_curves(curve_rows, levels, curve_kind)
+  if stack.curve_rows:
+    curves, missing, off = rate_curves(stack.curve_rows, levels, stack.curve_kind)
     if off:
       logging.warning("--stack_rate_curves: %d measured growth(s) handed over at a loss their smaller model's pilot "
                       "does not measure and are left out (a longer pilot places them): %s", len(off), off)
-    record["stack_rate_curves"] = {"files": sorted({r["file"] for r in curve_rows}), "kind": curve_kind,
+    record["stack_rate_curves"] = {"files": sorted({r["file"] for r in stack.curve_rows}), "kind": stack.curve_kind,
                                    "without_curve": missing, "off_curve": off,
                                    "curves": [None if cv is None else cv.describe(c.step_flops)
                                               for c, cv in zip(levels, curves)]}
   # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).
-  warm = [round((c.pilot_warmup_frac or float(base.train.warmup_frac)) * c.stable_steps) for c in levels]
+  warm = [round((c.pilot_warmup_frac or wsd.pilot_warmup_frac) * c.stable_steps) for c in levels]
   try:
-    p = stack_planner.plan_stack(target, settings, levels, target_step, steps, rates, delays,
-                                 min_big_frac=min_target_frac, min_stage_frac=min_stage_frac, warmup_steps=warm,
+    p = stack_planner.plan_stack(target, wsd, levels, target_step, steps, rates, delays,
+                                 min_big_frac=stack.min_target, min_stage_frac=stack.min_stage, warmup_steps=warm,
                                  margins=margins, rates_at=None if all(x is None for x in rates_at) else rates_at,
-                                 rates_span=rates_span, rate_curves=curves)
+                                 rates_span=stack.span, rate_curves=curves)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   pilots = target_cost + sum(c.pilot_flops for c in levels)
