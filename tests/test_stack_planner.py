@@ -266,3 +266,33 @@ def test_a_span_keeps_every_hand_over_near_where_its_rate_was_measured():
   for bad in (dict(rates_span=2.0), dict(rates_span=0.5, rates_at=at)):
     with pytest.raises(ValueError, match="give a factor above 1 and the losses"):
       stack_planner.plan_stack(DECAYED, wsd, LEVELS, STEP, 8000, [1.0, 1.0], **bad)
+
+
+def test_a_stacking_plan_priced_on_several_seeds_reports_each_seeds_own_prediction():
+  """Shallower models piloted at two seeds: the plan is priced on their mean curves, and its schedule, held fixed, on
+  each seed's own curves too: the lucky seed hands over lower and saves more, the unlucky one less, the mean in
+  between; the printed plan names each seed. A model piloted at one seed gives no seed predictions."""
+  import dataclasses
+  shift = lambda f, d: loglinear(f"{f.name} {d:+}", 6.0 + d, 3.3 + d, 45 * STEP, 2.4) if f is HALF else \
+      loglinear(f"{f.name} {d:+}", 6.0 + d, 3.6 + d, 20 * STEP, 3.0)
+  seeded = [dataclasses.replace(c, seed_stables=((42, shift(c.stable, -0.04)), (1, shift(c.stable, 0.04))))
+            for c in LEVELS]
+  steps, wsd = 8000, planner.Wsd(STABLE, 0.2)
+  p = stack_planner.plan_stack(DECAYED, wsd, seeded, STEP, steps, [1.0, 0.9])
+  seeds = p["seed_predictions"]
+  lower = [0, 0]
+  for k, name in enumerate(p["levels"]):
+    lower[[c.name for c in LEVELS].index(name)] = p["stage_steps"][k]
+  for (seed, _), got in zip(seeded[0].seed_stables, seeds):
+    at = [dataclasses.replace(c, stable=dict(c.seed_stables)[seed]) for c in seeded]
+    want = stack_planner.predict_stack(DECAYED, wsd, at, STEP, steps, [1.0, 0.9], lower, p["stage_steps"][-1])
+    assert got["seed"] == seed and got["saving"] == want["saving"] and not got["at_least"]
+    assert got["handover_losses"] == [x for x in want["handover_losses"] if x is not None]
+    assert got["handover_loss"] == got["handover_losses"][-1]
+  lucky, unlucky = seeds
+  assert lucky["handover_loss"] < unlucky["handover_loss"] and lucky["saving"] > p["predicted_saving"] > \
+      unlucky["saving"]
+  text = planner.describe({**p, "pilot_flops": 0.0, "net_saving": p["predicted_saving"]})
+  assert "on the mean of 2 pilot seeds" in text and f"seed 1 {unlucky['handover_loss']:.3f}" in text
+  one = [dataclasses.replace(seeded[0], seed_stables=()), seeded[1]]
+  assert "seed_predictions" not in stack_planner.plan_stack(DECAYED, wsd, one, STEP, steps, [1.0, 0.9])

@@ -101,12 +101,29 @@ def _describe_stack(plan: dict) -> str:
   lines += _rates_near(plan)
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
+  lines += _seed_lines(plan)
   m = plan.get("margins")
   if m:
     lines.append(f"  if each stacked model lands {m[0]['landing']:.3f} nats higher: {_saving(m[0])}; if each learns at "
                  f"{m[1]['rate_factor']:g}x its rate: {_saving(m[1])}; both: {_saving(m[2])}"
                  + (": less than half survives both, so expect less than predicted" if _fragile(plan) else ""))
   return "\n".join(lines)
+
+
+def _seed_lines(plan: dict) -> list[str]:
+  """The plan priced on each pilot seed's own curves (``seed_predictions``), where it was priced on their mean."""
+  seeds = plan.get("seed_predictions")
+  name = lambda p: f"seed {p['seed'] if p['seed'] is not None else 'default'}"
+  loss = lambda p: "?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}"
+  into = " into the target" if "stage_steps" in plan else ""
+  if seeds and all(p.get("at_least") for p in seeds):
+    return [f"  priced on the mean of {len(seeds)} pilot seeds; each seed's own hand-over loss{into}: "
+            + ", ".join(f"{name(p)} {loss(p)}" for p in seeds) + f"; their savings: {_PAST_PILOTS}"]
+  if seeds:
+    return [f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss{into} / "
+            f"saving): " + ", ".join(f"{name(p)} {loss(p)} / {_saving(p)}" for p in seeds)
+            + ": a run of this plan may land anywhere in that spread, and further where the target's own seeds part"]
+  return []
 
 
 def _rates_near(plan: dict) -> list[str]:
@@ -172,17 +189,7 @@ def _describe_vcycle(plan: dict) -> str:
                  f"pilot of that model may find a later, better one")
   lines.append(f"predicted FLOPs {plan['predicted_flops']:.3g} ({100 * plan['predicted_saving']:+.1f}% vs scratch); "
                f"pilots cost {plan['pilot_flops']:.3g} FLOPs, so {100 * plan['net_saving']:+.1f}% net for one run")
-  seeds = plan.get("seed_predictions")
-  if seeds and all(p.get("at_least") for p in seeds):
-    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; each seed's own hand-over loss: " + ", ".join(
-        f"seed {p['seed'] if p['seed'] is not None else 'default'} "
-        + ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") for p in seeds)
-        + f"; their savings: {_PAST_PILOTS}")
-  elif seeds:
-    cell = lambda p: ("?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}") + " / " + _saving(p)
-    lines.append(f"  priced on the mean of {len(seeds)} pilot seeds; on each seed's own curve (hand-over loss / "
-                 f"saving): " + ", ".join(f"seed {p['seed'] if p['seed'] is not None else 'default'} {cell(p)}"
-                                          for p in seeds) + ": a run of this plan may land anywhere in that spread")
+  lines += _seed_lines(plan)
   m = plan.get("margins")
   if m and all(x.get("at_least") for x in m):
     lines.append(f"  the margins (the target landing {m[0]['landing']:.3f} nats higher, learning at "

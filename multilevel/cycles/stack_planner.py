@@ -22,6 +22,7 @@ cool-down and warm-up set in steps (``train.cooldown_frac``, ``train.warmup_frac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -231,6 +232,35 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
                             for s, x, d, cv, n in zip(r["switch_losses"], rates, delays, curves, grown)]
   out["margins"] = margin_rows(*margins, lambda dl, f: predict_stack(
       target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], dl, f, delays, curves))
+  seeds = seed_predictions(target, wsd, levels, target_step_flops, steps, rates, r["steps"], r["big_steps"], delays,
+                           curves)
+  if seeds:
+    out["seed_predictions"] = seeds
+  return out
+
+
+def seed_predictions(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int,
+                     rates: Sequence[float], lower_steps: Sequence[int], big_steps: int,
+                     delays: Sequence[float] | None = None,
+                     rate_curves: Sequence[Curve | None] | None = None) -> list[dict]:
+  """A stacking schedule (as ``predict_stack`` takes it) priced on each pilot seed's own stable curves of the
+  shallower models it trains, where the plan is priced on their mean (``Candidate.seed_stables``: pilots at several
+  seeds): the hand-over into the target and the saving a run may see, seed by seed, as ``planner.seed_predictions``
+  gives them for a V-cycle. Only seeds that every model the schedule trains was piloted at; none when a model has
+  one seed. Only the smaller models' seeds vary: the target's curves are one seed's, and a target whose own seeds
+  part (LLaMA's scratch runs at 1600 steps: 0.14 nats apart) spreads the runs further."""
+  used = [c for c, n in zip(levels, lower_steps) if n]
+  if not used or any(len(c.seed_stables) < 2 for c in used):
+    return []
+  common = [k for k, _ in used[0].seed_stables if all(k in dict(c.seed_stables) for c in used[1:])]
+  out = []
+  for seed in common:
+    at = [dataclasses.replace(c, stable=dict(c.seed_stables)[seed]) if n else c for c, n in zip(levels, lower_steps)]
+    p = predict_stack(target, wsd, at, target_step_flops, steps, rates, lower_steps, big_steps, delays=delays,
+                      rate_curves=rate_curves)
+    handed = None if p is None else [x for x in p["handover_losses"] if x is not None]
+    out.append({"seed": seed, "handover_losses": handed, "handover_loss": handed[-1] if handed else None,
+                "final_loss": p and p["final_loss"], "saving": p and p["saving"], "at_least": bool(p and p["at_least"])})
   return out
 
 
