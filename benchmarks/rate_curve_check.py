@@ -68,6 +68,13 @@ def priced_with(d: dict) -> list[dict]:
   return plan_stacking.curve_rows(files) if files else []
 
 
+def error_summary(errs: list[float]) -> dict:
+  """Errors in points of the saving (measured minus priced): their mean absolute value, their mean (None without
+  any), how many lie within 5 points (the long-budget issue's bar) and how many there are."""
+  return {"mean_abs": statistics.mean(abs(e) for e in errs) if errs else None,
+          "mean": statistics.mean(errs) if errs else None, "within_5": sum(abs(e) <= 5 for e in errs), "n": len(errs)}
+
+
 def check(a) -> dict:
   from experiments import plan_stacking
   from multilevel.cycles import planner, stack_planner
@@ -133,10 +140,7 @@ def check(a) -> dict:
   for against in ("", "seed_") if a.seed is not None else ("",):
     for k in ("predicted", "curve_in_sample", "curve_left_out"):
       errs = [r[f"{against}error_{k}"] for r in rows_out if r[f"{against}error_{k}"] is not None]
-      summary[f"{k}{' against seed ' + str(a.seed) if against else ''}"] = {
-          "mean_abs": statistics.mean(abs(e) for e in errs) if errs else None,
-          "mean": statistics.mean(errs) if errs else None, "within_5": sum(abs(e) <= 5 for e in errs),
-          "n": len(errs)}
+      summary[f"{k}{' against seed ' + str(a.seed) if against else ''}"] = error_summary(errs)
   return {"command": cli.command("benchmarks.rate_curve_check"), "kind": a.kind, "rows": rows_out,
           "summary": summary, "off_curve": sorted(list(x) for x in left_off)}
 

@@ -19,8 +19,7 @@ import statistics
 from absl import app, flags
 
 from benchmarks import cli
-
-BAR = 0.05
+from benchmarks.rate_curve_check import error_summary
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -62,10 +61,7 @@ def combine(checks: list[dict]) -> dict:
     rows.append(row)
   summary = {}
   for k in ("recorded", "left_out", "in_sample"):
-    errs = [r[f"error_{k}"] for r in rows if r[f"error_{k}"] is not None]
-    summary[k] = {"mean_abs": statistics.mean(abs(e) for e in errs) if errs else None,
-                  "mean": statistics.mean(errs) if errs else None,
-                  "within_5": sum(abs(e) <= 100 * BAR for e in errs), "n": len(errs)}
+    summary[k] = error_summary([r[f"error_{k}"] for r in rows if r[f"error_{k}"] is not None])
   return {"seeds": len(checks), "rows": rows, "summary": summary}
 
 

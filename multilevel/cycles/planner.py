@@ -324,9 +324,15 @@ def seed_predictions(c: Candidate, small_steps: int, big_steps: int, wsd: Wsd, t
   for seed, curve in c.seed_stables:
     p = predict_wsd(curve, c.step_flops, small_steps, wsd.target, target, target_step_flops, big_steps, steps,
                     wsd.cooldown_frac, jump, wsd.rate(c.growth))
-    out.append({"seed": seed, "handover_loss": curve.loss_at(small_steps * c.step_flops),
-                "final_loss": p and p["final_loss"], "saving": p and p["saving"], "at_least": bool(p and p["at_least"])})
+    out.append(seed_row(seed, curve.loss_at(small_steps * c.step_flops), p))
   return out
+
+
+def seed_row(seed, handover_loss: float | None, p: dict | None) -> dict:
+  """One seed's entry of a plan's ``seed_predictions``: its hand-over loss and what the prediction ``p`` on its own
+  curves says (None where they do not reach)."""
+  return {"seed": seed, "handover_loss": handover_loss, "final_loss": p and p["final_loss"],
+          "saving": p and p["saving"], "at_least": bool(p and p["at_least"])}
 
 
 def _small_warmup(c: Candidate, wsd: Wsd | None, small_steps: int) -> dict:

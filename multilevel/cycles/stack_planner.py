@@ -29,6 +29,7 @@ from typing import Sequence
 from multilevel.cycles.growth import growth_rate, margin_rows, predict_chain_wsd, wsd_cost
 from multilevel.cycles.growth_curves import Curve, RateCurve, span_losses
 from multilevel.cycles.pilots import Candidate
+from multilevel.cycles.planner import seed_row
 
 # How each doubling lays out and starts its copies. Measured on GPT at 21 tokens/param (benchmarks/SAVINGS.md,
 # "Stacking with longer shallow stages and halved copies"): halved copies added 2-4 points on every seed.
@@ -259,8 +260,7 @@ def seed_predictions(target, wsd, levels: Sequence[Candidate], target_step_flops
     p = predict_stack(target, wsd, at, target_step_flops, steps, rates, lower_steps, big_steps, delays=delays,
                       rate_curves=rate_curves)
     handed = None if p is None else [x for x in p["handover_losses"] if x is not None]
-    out.append({"seed": seed, "handover_losses": handed, "handover_loss": handed[-1] if handed else None,
-                "final_loss": p and p["final_loss"], "saving": p and p["saving"], "at_least": bool(p and p["at_least"])})
+    out.append({**seed_row(seed, handed[-1] if handed else None, p), "handover_losses": handed})
   return out
 
 
