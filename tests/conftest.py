@@ -33,6 +33,39 @@ jax.config.update("jax_enable_compilation_cache", False)
 import pytest  # noqa: E402
 
 
+def memory_maps() -> int | None:
+  """How many memory mappings this process holds (None off Linux)."""
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
+def _map_limit() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read())
+  except (OSError, ValueError):
+    return 65530
+
+
+# A pytest worker trains hundreds of configs, and every compiled step kept for reuse holds its code in memory
+# mappings (1-3 thousand per tiny V-cycle run): past vm.max_map_count a memmap or a new thread fails with ENOMEM
+# (CI at 2c16e3a lost five tests of one worker that way). So the worker drops its compiled functions when it
+# passes half the limit; tests that share a step within a module mostly run before that happens again.
+MAPS_HIGH = _map_limit() // 2
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory_maps():
+  yield
+  n = memory_maps()
+  if n is not None and n > MAPS_HIGH:
+    from multilevel.train.step import clear_compiled
+    clear_compiled()
+
+
 @pytest.fixture(scope="session")
 def gpt_reference(tmp_path_factory):
   """The 2-level V-cycle of the GPT test config on one device (summary), shared by the multi-device tests."""

@@ -53,6 +53,22 @@ def put_batch(batch: dict, mesh) -> dict:
   return out
 
 
+def clear_compiled() -> None:
+  """Drops every compiled function this library and JAX hold in this process: the cached steps, evaluators and
+  initializers (``build_steps``, ``eval_step``, ...) and JAX's own caches. Each compiled executable keeps its code in
+  memory mappings, and a process that trains many different configs one after another (a notebook, a sweep, a test
+  run) holds the steps of up to 32 of them: on Linux that is thousands of mappings per config, and past
+  ``vm.max_map_count`` (65530 by default) a memmap or a new thread fails with 'Cannot allocate memory'. Call this
+  between configs; the next run compiles its steps again."""
+  import gc
+
+  from multilevel.train import sharding
+  for cached in (build_steps, eval_step, _sharded_init, sharding.param_specs, M.abstract_params, M._param_names):
+    cached.cache_clear()
+  jax.clear_caches()
+  gc.collect()
+
+
 @functools.lru_cache(maxsize=64)
 def _sharded_init(cfg: ModelConfig, seed: int, mesh):
   return jax.jit(lambda: M.init_params(cfg, seed), out_shardings=param_shardings(cfg, mesh))
