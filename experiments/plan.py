@@ -95,6 +95,11 @@ _METHODS = flags.DEFINE_list("methods", [], "Schedules to price; the plan is the
                              "both under WSD pricing (stackbert not when --small_from replaces the V-cycle's pilots "
                              "and --stack_from does not replace stacking's), else vcycle.")
 _STACK = plan_stacking.define_flags(flags.FLAGS)
+_SEED_FLAGFILES = flags.DEFINE_list("seed_flagfiles", [], "Price one stacking plan on several seeds, each on its own "
+                                    "runs: one absl flagfile per further seed with its --seed, --target_from, "
+                                    "--stack_from and --stack_rate_curves (this command's own files are "
+                                    "train.seed's). The plan is the schedule whose mean predicted saving over the "
+                                    "seeds is highest (multilevel/cycles/stack_seeds.py); it shows each seed's.")
 _COMPILE_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/multilevel/jax",
                                      "Persistent XLA compilation cache ('' to disable).")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the Python traceback of an error instead of one line.")
@@ -205,6 +210,16 @@ def main(argv):
   if "vcycle" not in methods and (_CANDIDATES.present or _SMALL_FROM.value):
     raise app.UsageError("--candidates and --small_from choose the V-cycle's small models; add vcycle to --methods.")
 
+  seed_files = [plan_stacking.read_seed_flagfile(p) for p in _SEED_FLAGFILES.value]
+  if seed_files:
+    if methods != ["stackbert"] or not _TARGET_FROM.value or not stack.stack_from or stack.rates_from:
+      raise app.UsageError("--seed_flagfiles prices a stacking plan on each seed's own files: give --methods="
+                           "stackbert, this seed's --target_from and --stack_from (and --stack_rate_curves, not "
+                           "--stack_rates_from: each seed's growths go in its flagfile).")
+    ids = [int(base.train.seed)] + [f["seed"] for f in seed_files]
+    if len(set(ids)) != len(ids):
+      raise app.UsageError(f"--seed_flagfiles: the seeds {ids} (train.seed first) repeat one: give each seed once.")
+
   import shlex
   record = {"command": shlex.join(["python", "-m", "experiments.plan"] + sys.argv[1:]), "config": spec, "set": sets,
             "steps": steps, "pilots": []}
@@ -276,7 +291,10 @@ def main(argv):
   if "stackbert" in methods:
     levels = plan_stacking.stack_levels(stack.stack_from, stack.doublings, base, target_model.num_layers,
                                         small_pilots, seeds, run, record)
-    if levels:
+    if levels and seed_files:
+      plans.append(_seeds_plan(base, (target, settings, levels, target_step, target_cost), seed_files, steps, stack,
+                               margins, target_model.num_layers, record))
+    elif levels:
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack,
                                             margins, record))
   if not plans:
@@ -311,6 +329,30 @@ def main(argv):
   config_path = os.path.join(work, "plan_config.py")
   write_text_atomic(config_path, config_file(spec, sets, plan, record["command"], os.path.join(work, "plan.json")))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
+
+
+def _seeds_plan(base, own, seed_files: list[dict], steps: int, stack, margins, layers: int, record: dict) -> dict:
+  """The stacking plan priced on every seed's own files (--seed_flagfiles): this command's (``own``: target, WSD
+  settings, shallower models, step FLOPs and cost, at train.seed) and each flagfile's."""
+  from experiments import plan_vcycle
+  from multilevel.cycles import planner
+  target, settings, levels, target_step, target_cost = own
+  pricings = [plan_stacking.seed_pricing(int(base.train.seed), target, settings, levels, target_step, stack,
+                                         stack.curve_rows)]
+  costs = [target_cost]
+  for f in seed_files:
+    where = f"--seed_flagfiles={f['file']}"
+    try:
+      t, step, cost = planner.target_from_saving(f["target_from"], base.model.family)
+    except (ValueError, OSError) as e:
+      raise app.UsageError(f"{where}: --target_from: {e}") from None
+    wsd = plan_vcycle.wsd_settings(base, None, {}, f["target_from"], _RATES.value, [])
+    lv = plan_stacking.levels_from_files(f["stack_from"], float(base.train.lr), layers)
+    rows = plan_stacking.curve_rows(f["stack_rate_curves"])
+    pricings.append(plan_stacking.seed_pricing(f["seed"], t, wsd, lv, step, stack, rows))
+    costs.append(cost)
+  record["seed_flagfiles"] = seed_files
+  return plan_stacking.stack_plan_seeds(pricings, costs, steps, stack, margins)
 
 
 def _margins(values: list) -> tuple[float, float]:

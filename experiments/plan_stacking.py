@@ -236,12 +236,7 @@ def stack_plan(target, wsd, levels, target_step, steps, target_cost, stack: Sett
   from multilevel.cycles import growth, stack_planner
   from multilevel.metrics import read_metrics
   n = len(levels)
-  rates, delays = list(stack.rates or [1.0] * n), list(stack.delays or [0.0] * n)
-  rates_at = list(stack.rates_at) if stack.rates_at else [None] * n
-  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at)):
-    if len(values) != n:
-      raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
-                           f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
+  rates, delays, rates_at = _flag_rates(levels, stack)
   unmeasured = []
   if stack.rates_from:
     stables, steps_of = stack_planner.by_level(wsd.target, target_step, levels)
@@ -278,8 +273,7 @@ def stack_plan(target, wsd, levels, target_step, steps, target_cost, stack: Sett
                                    "without_curve": missing, "off_curve": off,
                                    "curves": [None if cv is None else cv.describe(c.step_flops)
                                               for c, cv in zip(levels, curves)]}
-  # Each level's pilots' warm-up (--stack_from's files record their own train.warmup_frac).
-  warm = [round((c.pilot_warmup_frac or wsd.pilot_warmup_frac) * c.stable_steps) for c in levels]
+  warm = _warmups(levels, wsd)
   try:
     p = stack_planner.plan_stack(target, wsd, levels, target_step, steps, rates, delays,
                                  min_big_frac=stack.min_target, min_stage_frac=stack.min_stage, warmup_steps=warm,
@@ -290,6 +284,79 @@ def stack_plan(target, wsd, levels, target_step, steps, target_cost, stack: Sett
   pilots = target_cost + sum(c.pilot_flops for c in levels)
   return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step),
           **({"rates_unmeasured": unmeasured} if unmeasured else {})}
+
+
+def _flag_rates(levels, stack: Settings) -> tuple[list, list, list]:
+  """The rates, delays and losses they were measured from of --stack_rates, --stack_delays and --stack_rates_at, one
+  per doubling of the chain ``levels`` (defaults: 1, 0 and unknown), or a usage error naming the flag."""
+  n = len(levels)
+  rates, delays = list(stack.rates or [1.0] * n), list(stack.delays or [0.0] * n)
+  rates_at = list(stack.rates_at) if stack.rates_at else [None] * n
+  for flag, values in (("--stack_rates", rates), ("--stack_delays", delays), ("--stack_rates_at", rates_at)):
+    if len(values) != n:
+      raise app.UsageError(f"{flag} gives {len(values)} values; this chain has {n} doublings "
+                           f"({', '.join(c.name for c in levels)} -> target): give one per doubling.")
+  return rates, delays, rates_at
+
+
+def _warmups(levels, wsd) -> list[int]:
+  """Each level's pilots' warm-up in steps (--stack_from's files record their own train.warmup_frac)."""
+  return [round((c.pilot_warmup_frac or wsd.pilot_warmup_frac) * c.stable_steps) for c in levels]
+
+
+def read_seed_flagfile(path: str) -> dict:
+  """One seed's files for ``--seed_flagfiles``: an absl flagfile with ``--seed``, ``--target_from``,
+  ``--stack_from`` and ``--stack_rate_curves`` (that seed's scratch runs, shallower models and measured growths, as
+  ``experiments.plan`` would take them to plan that seed alone). Refused before anything is priced: a missing file,
+  another flag, a missing seed or files, or a file it names that is not there."""
+  if not os.path.isfile(path):
+    raise app.UsageError(f"--seed_flagfiles: no file {path}.")
+  fv = flags.FlagValues()
+  flags.DEFINE_integer("seed", None, "The train.seed of these runs.", flag_values=fv)
+  for name in ("target_from", "stack_from", "stack_rate_curves"):
+    flags.DEFINE_list(name, [], f"As experiments.plan's --{name}, this seed's.", flag_values=fv)
+  try:
+    fv(["seed_flagfile", f"--flagfile={path}"])
+  except flags.Error as e:
+    raise app.UsageError(f"--seed_flagfiles={path}: {e}. A seed's flagfile gives --seed, --target_from, --stack_from "
+                         f"and --stack_rate_curves (one per line), nothing else.") from None
+  if fv.seed is None or not fv.target_from or not fv.stack_from:
+    raise app.UsageError(f"--seed_flagfiles={path}: give --seed, --target_from and --stack_from there (and "
+                         f"--stack_rate_curves where that seed's growths were measured).")
+  missing = [p for f in fv.target_from + fv.stack_from + fv.stack_rate_curves for p in f.split("+")
+             if not os.path.isfile(p)]
+  if missing:
+    raise app.UsageError(f"--seed_flagfiles={path}: no file {', '.join(missing)}.")
+  return {"file": path, "seed": fv.seed, "target_from": fv.target_from, "stack_from": fv.stack_from,
+          "stack_rate_curves": fv.stack_rate_curves}
+
+
+def seed_pricing(seed: int, target, wsd, levels, target_step: float, stack: Settings, curve_file_rows: list[dict]):
+  """``stack_seeds.SeedPricing`` of one seed: its target, WSD settings and shallower models with the rates of the
+  flags, or the rate curves through ``curve_file_rows`` (``curve_rows`` of that seed's --stack_rate_curves)."""
+  from multilevel.cycles.stack_seeds import SeedPricing
+  rates, delays, rates_at = _flag_rates(levels, stack)
+  curves = None
+  if curve_file_rows:
+    curves, _, off = rate_curves(curve_file_rows, levels, stack.curve_kind)
+    if off:
+      logging.warning("seed %s: %d measured growth(s) handed over off their smaller model's curve and are left out: "
+                      "%s", seed, len(off), off)
+  return SeedPricing(seed, target, wsd, levels, target_step, rates, delays, curves,
+                     None if all(x is None for x in rates_at) else rates_at, _warmups(levels, wsd))
+
+
+def stack_plan_seeds(pricings: list, target_costs: list[float], steps: int, stack: Settings, margins) -> dict:
+  """``stack_seeds.plan_stack_seeds`` with the stacking flags' floors and span; its pilot cost is every seed's
+  files (their scratch runs and shallower models), and its net saving counts them as ``stack_plan`` does."""
+  from multilevel.cycles import stack_seeds
+  try:
+    p = stack_seeds.plan_stack_seeds(pricings, steps, stack.min_target, stack.min_stage, stack.span, margins=margins)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  pilots = sum(target_costs) + sum(c.pilot_flops for s in pricings for c in s.levels)
+  return {**p, "pilot_flops": pilots,
+          "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * pricings[0].target_step_flops)}
 
 
 def _method_of(workdir: str) -> str | None:

@@ -116,6 +116,14 @@ def _seed_lines(plan: dict) -> list[str]:
   name = lambda p: f"seed {p['seed'] if p['seed'] is not None else 'default'}"
   loss = lambda p: "?" if p["handover_loss"] is None else f"{p['handover_loss']:.3f}"
   into = " into the target" if "stage_steps" in plan else ""
+  if plan.get("own_plans"):  # stack_seeds: each seed priced on its own runs, the plan their mean's best.
+    own = ", ".join(f"{name(o)} {100 * o['own_saving']:+.1f}%" + (
+        "" if o["mean_saving"] is None else f" (its schedule {100 * o['mean_saving']:+.1f}% on the seeds' mean)")
+        for o in plan["own_plans"] if o["levels"])
+    return [f"  on each seed's own runs (hand-over loss{into} / saving): "
+            + ", ".join(f"{name(p)} {loss(p)} / {_saving(p)}" for p in seeds)
+            + f"; the mean is the plan's prediction, a new seed may land anywhere in that spread",
+            f"  each seed's own best schedule: {own}"]
   if seeds and all(p.get("at_least") for p in seeds):
     return [f"  priced on the mean of {len(seeds)} pilot seeds; each seed's own hand-over loss{into}: "
             + ", ".join(f"{name(p)} {loss(p)}" for p in seeds) + f"; their savings: {_PAST_PILOTS}"]

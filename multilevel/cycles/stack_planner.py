@@ -213,14 +213,8 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
                       else "")}
   used = [k for k, n in enumerate(r["steps"]) if n]
   stage_steps = [r["steps"][k] for k in used] + [r["big_steps"]]
-  total = sum(stage_steps)
-  overrides = {"train.steps": total, "cycle.method": "stackbert", "cycle.stackbert.stages": len(stage_steps),
-               "cycle.stackbert.fracs": tuple(n / total for n in stage_steps),
-               "cycle.stackbert.growth": growth, "cycle.stackbert.order": order,
-               "train.cooldown_frac": cool / total}
-  warm = warmup_steps if isinstance(warmup_steps, int) else warmup_steps[used[0]]
-  if warm:
-    overrides["train.warmup_frac"] = min(warm, stage_steps[0] - 1) / total
+  overrides = schedule_overrides(stage_steps, cool, warmup_steps if isinstance(warmup_steps, int) else
+                                 warmup_steps[used[0]], growth, order)
   out = {"method": f"stackbert from {levels[used[0]].name}, {len(stage_steps)} stages", "overrides": overrides,
          **scope, "predicted_flops": r["flops"], "predicted_saving": r["saving"], "stage_steps": stage_steps,
          "switch_losses": [r["switch_losses"][k] for k in used], "levels": [levels[k].name for k in used],
@@ -238,6 +232,21 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   if seeds:
     out["seed_predictions"] = seeds
   return out
+
+
+def schedule_overrides(stage_steps: Sequence[int], cool: int, warm: int, growth: str = GROWTH,
+                       order: str = ORDER) -> dict:
+  """The driver's overrides for a stacking schedule of ``stage_steps`` (the shallowest stage first, the target's
+  last) whose last ``cool`` steps cool down and whose first ``warm`` steps warm up (at most the first stage's less
+  one; 0: none set)."""
+  total = sum(stage_steps)
+  overrides = {"train.steps": total, "cycle.method": "stackbert", "cycle.stackbert.stages": len(stage_steps),
+               "cycle.stackbert.fracs": tuple(n / total for n in stage_steps),
+               "cycle.stackbert.growth": growth, "cycle.stackbert.order": order,
+               "train.cooldown_frac": cool / total}
+  if warm:
+    overrides["train.warmup_frac"] = min(warm, stage_steps[0] - 1) / total
+  return overrides
 
 
 def seed_predictions(target, wsd, levels: Sequence[Candidate], target_step_flops: float, steps: int,
