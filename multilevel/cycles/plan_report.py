@@ -122,7 +122,10 @@ def _seed_lines(plan: dict) -> list[str]:
         for o in plan["own_plans"] if o["levels"])
     return [f"  on each seed's own runs (hand-over loss{into} / saving): "
             + ", ".join(f"{name(p)} {loss(p)} / {_saving(p)}" for p in seeds)
-            + f"; the mean is the plan's prediction, a new seed may land anywhere in that spread",
+            + "; the mean is the plan's prediction" + (" (at least: a run that ends past its seed's longest "
+                                                         "scratch run saves more than its frontier can say)"
+                                                         if plan.get("at_least") else "")
+            + ", and a new seed may land anywhere in that spread",
             f"  each seed's own best schedule: {own}"]
   if seeds and all(p.get("at_least") for p in seeds):
     return [f"  priced on the mean of {len(seeds)} pilot seeds; each seed's own hand-over loss{into}: "

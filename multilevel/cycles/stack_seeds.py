@@ -103,13 +103,18 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
   ``seeds`` (``SeedPricing``) with its own curves and rates, is highest on average (see the module's text). Every
   stage keeps ``plan_stack``'s floors (``min_stage_frac``, ``min_big_frac``, the cool-down inside the target's
   stage), and with ``rates_span`` each seed's hand-overs stay within that factor of where its own rates were
-  measured; a schedule some seed cannot price is not a candidate.
+  measured; a schedule some seed cannot price is not a candidate. The search moves the shallower stages; the
+  target's stage is then the fewest steps at which the seeds' mean predicted final loss reaches their mean scratch
+  loss at the budget (a plan ``plan_stack`` makes for one seed reaches that seed's), so that the saving is one at
+  this budget, not at a smaller one that a shorter run would reach.
 
   Returns the plan as ``plan_stack`` does, its ``predicted_saving`` (and ``predicted_flops``) the seeds' mean, with
   ``seed_predictions`` (per seed, the schedule priced on its own files), ``own_plans`` (per seed, the schedule its
-  own files price best and its saving there, and what that schedule would save on the others on average),
-  ``spread`` (the lowest and highest seed's saving) and ``margins`` as the seeds' mean; or scratch when no schedule
-  saves anything on average."""
+  own files price best and its saving there, and ``mean_saving``: its shallower stages' mean saving over the seeds,
+  the target's stage set as above),
+  ``spread`` (the lowest and highest seed's saving), ``at_least`` (some seed's run ends past its longest scratch
+  run, so its saving and the mean are what they save at least) and ``margins`` as the seeds' mean; or scratch when
+  no schedule saves anything on average."""
   _check(seeds)
   if steps < 4:
     raise ValueError(f"A stacking plan needs a budget of at least 4 target steps, got {steps}.")
@@ -125,30 +130,48 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
                           growth=growth, order=order, margins=margins, rates_at=s.rates_at, rates_span=rates_span,
                           rate_curves=s.rate_curves) for s in seeds]
 
+  # Every schedule is held to the seeds' scratch loss at the budget, on average: a shorter target stage ends higher
+  # and would read as a larger saving at a smaller budget (the saving fades with the budget), not at this one.
+  goals = [s.target.loss_at(steps * s.target_step_flops) for s in seeds]
+  if any(g is None for g in goals):
+    raise ValueError(f"The scratch frontier of seed(s) {[s.seed for s, g in zip(seeds, goals) if g is None]} does "
+                     f"not reach a budget of {steps} steps: give scratch runs up to it.")
+  goal = statistics.mean(goals)
   cache: dict = {}
 
-  def priced(x: tuple[int, ...]) -> list[dict] | None:
-    """Each seed's prediction for schedule ``x`` (the shallower models' steps, then the target's), or None where it
-    breaks a floor or some seed cannot price it (or hands over outside its reach)."""
-    if x in cache:
-      return cache[x]
-    lower, big = x[:-1], x[-1]
-    ok = big >= min_big and any(lower) and all(k == 0 or k >= min_stage for k in lower)
+  def priced(lower: tuple[int, ...]) -> tuple[int, list[dict]] | None:
+    """For the shallower models' steps ``lower``: the fewest target steps at which the seeds' mean predicted final
+    loss reaches their mean scratch loss, and each seed's prediction there; None where a floor is broken, some seed
+    cannot price it, or a hand-over lies outside that seed's reach."""
+    if lower in cache:
+      return cache[lower]
     used = [i for i, k in enumerate(lower) if k]
-    ok = ok and used == list(range(used[0], n))  # A chain of doublings: the shallowest may be left out, none between.
-    out = []
-    for s, r in zip(seeds, reach) if ok else ():
-      p = _predict(s, steps, lower, big)
-      if p is None or not all(h is None or _within(r[i], h) for i, h in enumerate(p["handover_losses"][:n])):
-        out = None
-        break
-      out.append(p)
-    cache[x] = out if ok else None
-    return cache[x]
+    ok = bool(used) and all(lower[i] >= min_stage for i in used) and used == list(range(used[0], n))
+    at = lambda big: [_predict(s, steps, lower, big) for s in seeds]
+    # Past its frontier's end a seed's final loss is below the frontier's lowest: counted at that (it reaches at least).
+    final = lambda p, s: p["final_loss"] if p["final_loss"] is not None else min(l for _, l in s.target.points)
+    reached = lambda ps: statistics.mean(final(p, s) for p, s in zip(ps, seeds)) <= goal + 1e-12
+    out = None
+    if ok:
+      hi = 4 * steps
+      ps = at(hi)
+      if all(ps) and all(_within(r[i], h) for p, r in zip(ps, reach) for i, h in enumerate(p["handover_losses"])
+                         if h is not None) and reached(ps):
+        lo = min_big
+        while lo < hi:  # The fewest target steps that reach the goal (the final loss falls as the stage grows).
+          mid = (lo + hi) // 2
+          got = at(mid)
+          if all(got) and reached(got):
+            hi = mid
+          else:
+            lo = mid + 1
+        out = (hi, at(hi))
+    cache[lower] = out
+    return out
 
-  mean_saving = lambda x: None if priced(x) is None else statistics.mean(p["saving"] for p in priced(x))
-  starts = [(*lo, big) for lo, big in filter(None, (_own(p, first.levels) for p in own_plans))]
-  if len(starts) > 1 and len({tuple(k > 0 for k in x[:-1]) for x in starts}) == 1:
+  mean_saving = lambda lower: None if priced(lower) is None else statistics.mean(p["saving"] for p in priced(lower)[1])
+  starts = [lo for lo, _ in filter(None, (_own(p, first.levels) for p in own_plans))]
+  if len(starts) > 1 and len({tuple(k > 0 for k in x) for x in starts}) == 1:
     starts.append(tuple(round(statistics.mean(c)) for c in zip(*starts)))
   best = None
   for x in starts:
@@ -157,8 +180,7 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
     if v is not None and (best is None or v > best[1] + 1e-12):
       best = (x, v)
   own = [{"seed": s.seed, "stage_steps": p["stage_steps"], "levels": p["levels"], "own_saving": p["predicted_saving"],
-          "mean_saving": None if _own(p, first.levels) is None else mean_saving((*_own(p, first.levels)[0],
-                                                                                 _own(p, first.levels)[1]))}
+          "mean_saving": None if _own(p, first.levels) is None else mean_saving(_own(p, first.levels)[0])}
          for s, p in zip(seeds, own_plans)]
   scope = {"pricing": f"stacking under WSD, the mean over seeds {[s.seed for s in seeds]}, each priced on its own "
                       f"runs: stable curves at train.lr, cool-down {first.wsd.cooldown_frac:g}, its own growths"
@@ -171,10 +193,10 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
             "predicted_flops": budget, "predicted_saving": 0.0, "stage_steps": [], "switch_losses": [], "levels": [],
             "why": "no chain of doublings saves anything on the seeds' mean at this budget"}
   x, saving = best
-  lower, big = list(x[:-1]), x[-1]
+  big, preds = priced(x)
+  lower = list(x)
   used = [i for i, k in enumerate(lower) if k]
   stage_steps = [lower[i] for i in used] + [big]
-  preds = priced(x)
   warm = first.warmup_steps if isinstance(first.warmup_steps, int) else first.warmup_steps[used[0]]
   handed = [[h for h in p["handover_losses"] if h is not None] for p in preds]
   mean_of = lambda rows: None if any(r is None for r in rows) else statistics.mean(rows)
@@ -192,14 +214,15 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
           "stage_steps": stage_steps, "levels": [first.levels[i].name for i in used],
           "switch_losses": [statistics.mean(h[j] for h in handed) for j in range(len(used))],
           "spread": [min(p["saving"] for p in preds), max(p["saving"] for p in preds)],
+          "at_least": any(p["at_least"] for p in preds),
           "seed_predictions": [{**seed_row(s.seed, h[-1], p), "handover_losses": h}
                                for s, h, p in zip(seeds, handed, preds)],
           "margins": margin_rows(*margins, margin)}
 
 
 def _climb(x: tuple[int, ...], value, step: int) -> tuple[int, ...]:
-  """A pattern search from schedule ``x``: move one stage length by ``step`` (then half of it, down to one step)
-  while ``value`` (None: not a schedule) rises; the stages a schedule leaves out stay out."""
+  """A pattern search from the shallower stages' lengths ``x``: move one by ``step`` (then half of it, down to one
+  step) while ``value`` (None: not a schedule) rises; the stages a schedule leaves out stay out."""
   best = value(x)
   if best is None:
     return x
