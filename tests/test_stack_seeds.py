@@ -138,14 +138,29 @@ def test_the_plan_command_prices_each_seed_on_its_flagfile(tmp_path):
   assert "each seed's own best schedule: seed 42" in both.stdout
   # Both seeds' scratch runs and shallower models count as pilots.
   assert p2["pilot_flops"] == pytest.approx(2 * p1["pilot_flops"])
-  bad = tmp_path / "bad.flags"
-  for text, said in ((f"--seed=7\n--target_from={target7}\n--steps=10\n", "Unknown command line flag 'steps'"),
-                     (f"--target_from={target7}\n--stack_from={files7[0]}\n", "give --seed, --target_from"),
-                     (f"--seed=42\n--target_from={target7}\n--stack_from={','.join(files7)}\n", "repeat one"),
-                     (f"--seed=7\n--target_from={tmp_path / 'none.json'}\n--stack_from={files7[0]}\n", "no file")):
-    bad.write_text(text)
-    r = run_cmd(args + [f"--workdir={tmp_path / 'bad'}", f"--seed_flagfiles={bad}"])
-    assert r.returncode != 0 and said in r.stderr, (text, r.stderr[-1500:])
+  # Bad flagfiles are refused before anything is priced.
+  repeat = tmp_path / "repeat.flags"
+  repeat.write_text(f"--seed=42\n--target_from={target7}\n--stack_from={','.join(files7)}\n")
+  r = run_cmd(args + [f"--workdir={tmp_path / 'bad'}", f"--seed_flagfiles={repeat}"])
+  assert r.returncode != 0 and "repeat one" in r.stderr, r.stderr[-1500:]
   vc = run_cmd([a for a in args if a != "--methods=stackbert"] + [f"--workdir={tmp_path / 'v'}",
                                                                    f"--seed_flagfiles={flagfile}"])
   assert vc.returncode != 0 and "--seed_flagfiles prices a stacking plan" in vc.stderr
+
+
+def test_a_seeds_flagfile_gives_its_seed_and_files_and_nothing_else(tmp_path):
+  from absl import app
+  from experiments.plan_stacking import read_seed_flagfile
+  target, files = write_files(tmp_path)
+  bad = tmp_path / "bad.flags"
+  for text, said in ((f"--seed=7\n--target_from={target}\n--steps=10\n", "Unknown command line flag 'steps'"),
+                     (f"--target_from={target}\n--stack_from={files[0]}\n", "give --seed, --target_from"),
+                     (f"--seed=7\n--target_from={tmp_path / 'none.json'}\n--stack_from={files[0]}\n", "no file")):
+    bad.write_text(text)
+    with pytest.raises(app.UsageError, match=said):
+      read_seed_flagfile(str(bad))
+  with pytest.raises(app.UsageError, match="no file"):
+    read_seed_flagfile(str(tmp_path / "absent.flags"))
+  bad.write_text(f"--seed=7\n--target_from={target}\n--stack_from={','.join(files)}\n")
+  got = read_seed_flagfile(str(bad))
+  assert got["seed"] == 7 and got["target_from"] == [str(target)] and got["stack_from"] == files
