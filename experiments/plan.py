@@ -25,6 +25,8 @@ doublings with halved copies, from pilots of the target at half, a quarter, ... 
 the hand-over it was measured after, so the plan says where it hands over far from those losses (--stack_rates_at);
 --stack_rate_curves prices each doubling off a curve of rates measured at several hand-overs instead.
 The plan is whichever schedule is predicted to save most; plan.json keeps the other as ``alternatives``.
+--seed_flagfiles prices one stacking schedule on several seeds, each on its own files (one flagfile per further
+seed), and picks the one whose mean predicted saving is highest (``multilevel.cycles.stack_seeds``).
 
 Writes WORKDIR/plan.json (the plan, every candidate's row, the pilots) and WORKDIR/plan_config.py.
 """
