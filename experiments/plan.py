@@ -294,8 +294,9 @@ def main(argv):
     levels = plan_stacking.stack_levels(stack.stack_from, stack.doublings, base, target_model.num_layers,
                                         small_pilots, seeds, run, record)
     if levels and seed_files:
-      plans.append(_seeds_plan(base, (target, settings, levels, target_step, target_cost), seed_files, steps, stack,
-                               margins, target_model.num_layers, record))
+      plans.append(plan_stacking.stack_plan_seeds(base, (target, settings, levels, target_step, target_cost),
+                                                  seed_files, steps, stack, _RATES.value, margins,
+                                                  target_model.num_layers, record))
     elif levels:
       plans.append(plan_stacking.stack_plan(target, settings, levels, target_step, steps, target_cost, stack,
                                             margins, record))
@@ -331,30 +332,6 @@ def main(argv):
   config_path = os.path.join(work, "plan_config.py")
   write_text_atomic(config_path, config_file(spec, sets, plan, record["command"], os.path.join(work, "plan.json")))
   print(f"config: {config_path}\nrun it: python -m experiments.train --config={config_path} --workdir=WORKDIR")
-
-
-def _seeds_plan(base, own, seed_files: list[dict], steps: int, stack, margins, layers: int, record: dict) -> dict:
-  """The stacking plan priced on every seed's own files (--seed_flagfiles): this command's (``own``: target, WSD
-  settings, shallower models, step FLOPs and cost, at train.seed) and each flagfile's."""
-  from experiments import plan_vcycle
-  from multilevel.cycles import planner
-  target, settings, levels, target_step, target_cost = own
-  pricings = [plan_stacking.seed_pricing(int(base.train.seed), target, settings, levels, target_step, stack,
-                                         stack.curve_rows)]
-  costs = [target_cost]
-  for f in seed_files:
-    where = f"--seed_flagfiles={f['file']}"
-    try:
-      t, step, cost = planner.target_from_saving(f["target_from"], base.model.family)
-    except (ValueError, OSError) as e:
-      raise app.UsageError(f"{where}: --target_from: {e}") from None
-    wsd = plan_vcycle.wsd_settings(base, None, {}, f["target_from"], _RATES.value, [])
-    lv = plan_stacking.levels_from_files(f["stack_from"], float(base.train.lr), layers)
-    rows = plan_stacking.curve_rows(f["stack_rate_curves"])
-    pricings.append(plan_stacking.seed_pricing(f["seed"], t, wsd, lv, step, stack, rows))
-    costs.append(cost)
-  record["seed_flagfiles"] = seed_files
-  return plan_stacking.stack_plan_seeds(pricings, costs, steps, stack, margins)
 
 
 def _margins(values: list) -> tuple[float, float]:

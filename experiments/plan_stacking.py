@@ -281,9 +281,13 @@ def stack_plan(target, wsd, levels, target_step, steps, target_cost, stack: Sett
                                  rates_span=stack.span, rate_curves=curves)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  pilots = target_cost + sum(c.pilot_flops for c in levels)
-  return {**p, "pilot_flops": pilots, "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * target_step),
+  return {**_with_pilots(p, target_cost + sum(c.pilot_flops for c in levels), steps, target_step),
           **({"rates_unmeasured": unmeasured} if unmeasured else {})}
+
+
+def _with_pilots(plan: dict, pilots: float, steps: int, target_step: float) -> dict:
+  """``plan`` with its pilots' FLOPs and the saving net of them for one run of ``steps`` target steps."""
+  return {**plan, "pilot_flops": pilots, "net_saving": 1 - (plan["predicted_flops"] + pilots) / (steps * target_step)}
 
 
 def _flag_rates(levels, stack: Settings) -> tuple[list, list, list]:
@@ -346,17 +350,32 @@ def seed_pricing(seed: int, target, wsd, levels, target_step: float, stack: Sett
                      None if all(x is None for x in rates_at) else rates_at, _warmups(levels, wsd))
 
 
-def stack_plan_seeds(pricings: list, target_costs: list[float], steps: int, stack: Settings, margins) -> dict:
-  """``stack_seeds.plan_stack_seeds`` with the stacking flags' floors and span; its pilot cost is every seed's
-  files (their scratch runs and shallower models), and its net saving counts them as ``stack_plan`` does."""
-  from multilevel.cycles import stack_seeds
+def stack_plan_seeds(base, own: tuple, seed_files: list[dict], steps: int, stack: Settings, growth_rates: list[str],
+                     margins, layers: int, record: dict) -> dict:
+  """``stack_seeds.plan_stack_seeds`` on every seed's own files (--seed_flagfiles): this command's (``own``: its
+  target, WSD settings, shallower models, step FLOPs and cost, at train.seed) and each flagfile's
+  (``read_seed_flagfile``), with the stacking flags' floors and span. Its pilot cost is every seed's files (their
+  scratch runs and shallower models), and its net saving counts them as ``stack_plan`` does."""
+  from experiments import plan_vcycle
+  from multilevel.cycles import planner, stack_seeds
+  target, wsd, levels, target_step, target_cost = own
+  pricings = [seed_pricing(int(base.train.seed), target, wsd, levels, target_step, stack, stack.curve_rows)]
+  costs = [target_cost]
+  for f in seed_files:
+    try:
+      t, step, cost = planner.target_from_saving(f["target_from"], base.model.family)
+    except (ValueError, OSError) as e:
+      raise app.UsageError(f"--seed_flagfiles={f['file']}: --target_from: {e}") from None
+    settings = plan_vcycle.wsd_settings(base, None, {}, f["target_from"], growth_rates, [])
+    lv = levels_from_files(f["stack_from"], float(base.train.lr), layers)
+    pricings.append(seed_pricing(f["seed"], t, settings, lv, step, stack, curve_rows(f["stack_rate_curves"])))
+    costs.append(cost)
+  record["seed_flagfiles"] = seed_files
   try:
     p = stack_seeds.plan_stack_seeds(pricings, steps, stack.min_target, stack.min_stage, stack.span, margins=margins)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  pilots = sum(target_costs) + sum(c.pilot_flops for s in pricings for c in s.levels)
-  return {**p, "pilot_flops": pilots,
-          "net_saving": 1 - (p["predicted_flops"] + pilots) / (steps * pricings[0].target_step_flops)}
+  return _with_pilots(p, sum(costs) + sum(c.pilot_flops for s in pricings for c in s.levels), steps, target_step)
 
 
 def _method_of(workdir: str) -> str | None:

@@ -157,9 +157,14 @@ def best_table(chain: Sequence[Frontier], losses: Sequence[float], jump: float, 
     else:
       _level(k, losses, costs, lands, best, back, sources(k), rates[k], delays[k], floors[k])
     if handover is not None and handover[k] is not None:
-      allowed = handover[k] if isinstance(handover[k], list) else [handover[k]]
-      best[k] = [b if any(lo <= l <= hi for lo, hi in allowed) else inf for b, l in zip(best[k], losses)]
+      best[k] = [b if in_handover(handover[k], l) else inf for b, l in zip(best[k], losses)]
   return best, back
+
+
+def in_handover(allowed, loss: float) -> bool:
+  """Whether a model may hand over at ``loss``: ``allowed`` is None (anywhere), a (lowest, highest) interval of
+  losses or a list of such intervals (``best_table``'s ``handover[k]``)."""
+  return allowed is None or any(lo <= loss <= hi for lo, hi in (allowed if isinstance(allowed, list) else [allowed]))
 
 
 def _level(k, losses, costs, lands, best, back, sources, r, delay, floor) -> None:

@@ -181,9 +181,7 @@ def plan_stack(target, wsd, levels: Sequence[Candidate], target_step_flops: floa
   cool = max(1, round(wsd.cooldown_frac * steps))
   min_big = max(round(min_big_frac * steps), cool, 1)
   min_stage = max(1, round(min_stage_frac * steps))
-  reach = [(curve.reach(rates_span) if curve is not None else reach_losses(c, at, rates_span))
-           if rates_span and (at is not None or curve is not None) else None
-           for c, at, curve in zip(levels, rates_at or [None] * len(levels), curves)]
+  reach = handover_reach(levels, rates_at, curves, rates_span)
   price = lambda floor: wsd_cost(
       [c.stable for c in levels], [c.step_flops for c in levels], [1.0] + [float(x) for x in rates[:-1]], wsd.target,
       target_step_flops, steps, wsd.cooldown_frac, float(rates[-1]), 0.0, min_big, adjacent=True,
@@ -297,6 +295,16 @@ def _check_curves(levels: Sequence[Candidate], rate_curves) -> list:
     raise ValueError(f"The rate curves of the doublings from {wrong} are not placed on those models' stable curves: "
                      f"build each from the pilot of the model it grows from.")
   return curves
+
+
+def handover_reach(levels: Sequence[Candidate], rates_at: Sequence[float | None] | None,
+                   curves: Sequence[Curve | None], span: float) -> list:
+  """Per doubling (from ``levels[k]``), the losses it may hand over at to stay within ``span`` of where its rate was
+  measured (``rates_at[k]``) or of one of its rate curve's points (``curves[k]``): as ``wsd_cost``'s ``handover``
+  takes them, None where nothing constrains it (no span, or neither given)."""
+  return [(curve.reach(span) if curve is not None else reach_losses(c, at, span))
+          if span and (at is not None or curve is not None) else None
+          for c, at, curve in zip(levels, rates_at or [None] * len(levels), curves)]
 
 
 def reach_losses(c: Candidate, at: float, span: float) -> tuple[float, float] | None:

@@ -22,7 +22,8 @@ from multilevel.cycles.growth import margin_rows
 from multilevel.cycles.growth_curves import Curve
 from multilevel.cycles.pilots import Candidate
 from multilevel.cycles.planner import Frontier, seed_row
-from multilevel.cycles.stack_planner import (GROWTH, ORDER, plan_stack, predict_stack, reach_losses,
+from multilevel.cycles.frontier import in_handover
+from multilevel.cycles.stack_planner import (GROWTH, ORDER, handover_reach, plan_stack, predict_stack,
                                              schedule_overrides)
 
 
@@ -67,33 +68,18 @@ def _check(seeds: Sequence[SeedPricing]) -> None:
                        f"{first.wsd.cooldown_frac:g}: one config, one schedule.")
 
 
-def _reach(s: SeedPricing, span: float) -> list:
-  """Per doubling of seed ``s``, the losses it may hand over at (as ``plan_stack`` keeps them; None: anywhere)."""
-  curves = list(s.rate_curves) if s.rate_curves is not None else [None] * len(s.levels)
-  at = list(s.rates_at) if s.rates_at is not None else [None] * len(s.levels)
-  return [(cv.reach(span) if cv is not None else reach_losses(c, a, span))
-          if span and (a is not None or cv is not None) else None for c, a, cv in zip(s.levels, at, curves)]
-
-
-def _within(reach, loss: float) -> bool:
-  if reach is None:
-    return True
-  intervals = [reach] if isinstance(reach, tuple) else reach
-  return any(lo - 1e-9 <= loss <= hi + 1e-9 for lo, hi in intervals)
-
-
 def _predict(s: SeedPricing, steps: int, lower: Sequence[int], big: int, landing: float = 0.0,
              factor: float = 1.0) -> dict | None:
   return predict_stack(s.target, s.wsd, s.levels, s.target_step_flops, steps, s.rates, lower, big, landing, factor,
                        s.delays, s.rate_curves)
 
 
-def _own(plan: dict, levels: Sequence[Candidate]) -> tuple[tuple[int, ...], int] | None:
-  """A ``plan_stack`` plan's schedule as (steps per shallower model, 0 where skipped; the target's steps)."""
+def _own(plan: dict, levels: Sequence[Candidate]) -> tuple[int, ...] | None:
+  """A ``plan_stack`` plan's shallower stages: steps per shallower model, 0 where skipped (None for scratch)."""
   if plan["method"] == "scratch":
     return None
   by_name = dict(zip(plan["levels"], plan["stage_steps"]))
-  return tuple(by_name.get(c.name, 0) for c in levels), plan["stage_steps"][-1]
+  return tuple(by_name.get(c.name, 0) for c in levels)
 
 
 def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: float = 0.05,
@@ -123,7 +109,7 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
   cool = max(1, round(first.wsd.cooldown_frac * steps))
   min_big = max(round(min_big_frac * steps), cool, 1)
   min_stage = max(1, round(min_stage_frac * steps))
-  reach = [_reach(s, rates_span) for s in seeds]
+  reach = [handover_reach(s.levels, s.rates_at, s.rate_curves or [None] * n, rates_span) for s in seeds]
   budget = steps * first.target_step_flops
   own_plans = [plan_stack(s.target, s.wsd, s.levels, s.target_step_flops, steps, s.rates, s.delays,
                           min_big_frac=min_big_frac, min_stage_frac=min_stage_frac, warmup_steps=s.warmup_steps,
@@ -155,7 +141,7 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
     if ok:
       hi = 4 * steps
       ps = at(hi)
-      if all(ps) and all(_within(r[i], h) for p, r in zip(ps, reach) for i, h in enumerate(p["handover_losses"])
+      if all(ps) and all(in_handover(r[i], h) for p, r in zip(ps, reach) for i, h in enumerate(p["handover_losses"])
                          if h is not None) and reached(ps):
         lo = min_big
         while lo < hi:  # The fewest target steps that reach the goal (the final loss falls as the stage grows).
@@ -170,7 +156,8 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
     return out
 
   mean_saving = lambda lower: None if priced(lower) is None else statistics.mean(p["saving"] for p in priced(lower)[1])
-  starts = [lo for lo, _ in filter(None, (_own(p, first.levels) for p in own_plans))]
+  schedules = [_own(p, first.levels) for p in own_plans]
+  starts = [x for x in schedules if x is not None]
   if len(starts) > 1 and len({tuple(k > 0 for k in x) for x in starts}) == 1:
     starts.append(tuple(round(statistics.mean(c)) for c in zip(*starts)))
   best = None
@@ -180,8 +167,7 @@ def plan_stack_seeds(seeds: Sequence[SeedPricing], steps: int, min_big_frac: flo
     if v is not None and (best is None or v > best[1] + 1e-12):
       best = (x, v)
   own = [{"seed": s.seed, "stage_steps": p["stage_steps"], "levels": p["levels"], "own_saving": p["predicted_saving"],
-          "mean_saving": None if _own(p, first.levels) is None else mean_saving(_own(p, first.levels)[0])}
-         for s, p in zip(seeds, own_plans)]
+          "mean_saving": None if x is None else mean_saving(x)} for s, p, x in zip(seeds, own_plans, schedules)]
   scope = {"pricing": f"stacking under WSD, the mean over seeds {[s.seed for s in seeds]}, each priced on its own "
                       f"runs: stable curves at train.lr, cool-down {first.wsd.cooldown_frac:g}, its own growths"
                       + (f"; each hand-over within {rates_span:g}x of where that seed's rate was measured"
