@@ -15,6 +15,11 @@ its unshifted fit, as ``analyze_saving`` reads it, unless the reference seed is 
 variant with a scratch run under another setting, ``ref.json+other.json``): then that row takes its place, shifted
 like any other where its best scratch run ends lower than the frontier's point.
 
+One scratch run's offset is noisy: on GPT at 42 tokens/param a seed's offset moved by 0.037 nats between 2800 and
+3400 steps, about 10 points of saving. ``--shift_from=SEED:FILE[+FILE...]`` gives a seed's scratch runs at other
+budgets where the reference frontier has points; its shift is then the mean of its offsets at all of them and at
+--budget (each budget's best run against the frontier's point there), and the row lists them (``shift_budgets``).
+
 ``--read=measured`` reads on the reference seed's measured frontier instead (log-linear between its fully decayed
 points, as the planner prices), for a family whose points follow no power law (BERT's masked-LM plateau, then a drop);
 a chord between points far apart lies above a convex stretch and inflates what is read there. Either way, a run that
@@ -53,6 +58,10 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string("own", [], "SEED:SUMMARY: an analyze_saving output whose frontier is that seed's own "
                             "scratch runs, holding its variant run at --budget: read there, unshifted.",
                             flag_values=fv)
+  flags.DEFINE_multi_string("shift_from", [], "SEED:FILE[+FILE...]: that seed's scratch runs at other budgets "
+                            "(benchmarks.saving results). Its shift becomes the mean, over --budget and each budget of "
+                            "these files, of its best scratch loss there minus the reference frontier's point there: "
+                            "one scratch run's noise at one budget moves its reading less.", flag_values=fv)
   flags.DEFINE_enum("read", "fit", ["fit", "measured"], "Where each saving is read: on the reference seed's fitted "
                     "frontier, or on its measured one (log-linear between the fully decayed points, as the planner "
                     "prices; None outside them) where the points are not a power law (BERT's masked-LM plateau).",
@@ -83,6 +92,7 @@ def measure(a) -> dict:
   if not (a.summary and a.budget and (a.seed or own_specs)):
     raise app.UsageError("Give --summary, --budget and at least one --seed or --own.")
   ref, fit, points, ref_loss, b = _frontier(a, a.summary)
+  shift_from = _shift_from(getattr(a, "shift_from", None) or [], ref, a.budget, {s.partition(":")[0] for s in a.seed})
   on = None if a.read == "measured" else fit  # The fit stays in the output either way (plan_validation --excess).
   rows = [{"seed": ref.get("seed"), "scratch": ref_loss, "shift": 0.0,
            **_read(on, points, b["variants"][a.variant], 0.0)}]
@@ -101,7 +111,12 @@ def measure(a) -> dict:
     if run is None:
       raise app.UsageError(f"--seed={spec}: no {a.variant!r} run in these files.")
     shift = min(scratch) - ref_loss
-    row = {"scratch": min(scratch), "shift": shift, **_read(on, points, run, shift)}
+    extra = {}
+    if seed in shift_from:
+      by_budget = {a.budget: shift, **shift_from[seed]}
+      shift = sum(by_budget.values()) / len(by_budget)
+      extra = {"shift_budgets": {str(k): v for k, v in sorted(by_budget.items())}}
+    row = {"scratch": min(scratch), "shift": shift, **extra, **_read(on, points, run, shift)}
     # The reference seed with more scratch runs: read with them instead.
     _place(rows, seed, {**row, **_seconds(row, run, beside)}, ref)
   for spec in own_specs:
@@ -119,6 +134,37 @@ def measure(a) -> dict:
           "rows": rows, "mean": sum(savings) / len(savings) if savings else None,
           "min": min(savings, default=None), "max": max(savings, default=None), "n": len(savings),
           "ci95": interval95(savings)}
+
+
+def _shift_from(specs: list[str], ref: dict, budget: int, seeds: set[str]) -> dict:
+  """--shift_from: per seed, {steps: its best scratch loss there - the reference frontier's point there} for every
+  budget of its files but --budget (whose offset the --seed files give)."""
+  points = {p["steps"]: p["final_eval_loss"] for p in (ref.get("frontier_from") or {}).get("points", [])}
+  out = {}
+  for spec in specs:
+    seed, _, files = spec.partition(":")
+    if not (seed and files):
+      raise app.UsageError(f"--shift_from={spec}: expected SEED:FILE[+FILE...].")
+    if seed not in seeds:
+      raise app.UsageError(f"--shift_from={spec}: seed {seed} has no --seed; give its runs at --budget there.")
+    best = {}
+    for path in files.split("+"):
+      try:
+        with open(path) as f:
+          d = json.load(f)
+      except (OSError, ValueError) as e:
+        raise app.UsageError(f"--shift_from: cannot read {path}: {e}") from e
+      for e in d.get("budgets", []):
+        if e["steps"] != budget and "scratch" in e:
+          best[e["steps"]] = min(best.get(e["steps"], math.inf), e["scratch"]["final_eval_loss"])
+    if not best:
+      raise app.UsageError(f"--shift_from={spec}: no scratch run at a budget other than {budget} steps.")
+    missing = sorted(set(best) - set(points))
+    if missing:
+      raise app.UsageError(f"--shift_from={spec}: the reference frontier has no point at {missing} steps to measure "
+                           f"the seed's offset against; its points are at {sorted(points)}.")
+    out[seed] = {steps: loss - points[steps] for steps, loss in best.items()}
+  return out
 
 
 def _frontier(a, path: str, flag: str = ""):

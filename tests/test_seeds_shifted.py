@@ -4,6 +4,7 @@ written by hand (no training)."""
 
 import json
 import math
+import re
 
 import pytest
 
@@ -182,3 +183,40 @@ def test_a_seed_is_read_on_the_measured_frontier_where_the_points_are_no_power_l
   a.read = "fit"  # The summary has no fit: said, with the other way out.
   with pytest.raises(app.UsageError, match="--read=measured"):
     seeds_shifted.measure(a)
+
+
+def test_a_seeds_shift_can_be_its_mean_offset_over_several_budgets(tmp_path):
+  """Seed 1 ends 0.01 nats under the reference point at the budget (1000 steps) but only 0.003 and 0.002 under at
+  300 and 3000 steps: with --shift_from its shift is the mean, -0.005, and its run is read there, not at -0.01; a budget the
+  reference frontier has no point at, or a seed without --seed, is refused."""
+  import types
+
+  from absl import app
+
+  from benchmarks import seeds_shifted
+  law = _reference_seed(tmp_path)
+  entry = lambda steps, scratch, run=None: {"steps": steps, "scratch": {"final_eval_loss": scratch},
+                                            "variants": {} if run is None else {"planned": run}}
+  run = {"final_eval_loss": law(1e10) - 0.01, "total_flops": 5e9}
+  (tmp_path / "s1.json").write_text(json.dumps({"budgets": [entry(1000, law(1e10) - 0.01, run)]}))
+  (tmp_path / "s1_more.json").write_text(json.dumps({"budgets": [entry(300, law(3e9) - 0.003),
+                                                                  entry(3000, law(3e10) - 0.002)]}))
+  (tmp_path / "s1_300b.json").write_text(json.dumps({"budgets": [entry(300, law(3e9) - 0.001)]}))  # Not the best.
+  a = types.SimpleNamespace(summary=str(tmp_path / "ref.json"), budget=1000, variant="planned", read="fit", out="",
+                            seed=[f"1:{tmp_path / 's1.json'}"], shift_from=[])
+  assert seeds_shifted.measure(a)["rows"][1]["shift"] == pytest.approx(-0.01)
+  a.shift_from = [f"1:{tmp_path / 's1_more.json'}+{tmp_path / 's1_300b.json'}"]
+  row = seeds_shifted.measure(a)["rows"][1]
+  assert row["shift"] == pytest.approx((-0.01 - 0.003 - 0.002) / 3)
+  assert row["shift_budgets"] == {"300": pytest.approx(-0.003), "1000": pytest.approx(-0.01),
+                                  "3000": pytest.approx(-0.002)}
+  loss = run["final_eval_loss"] - row["shift"]  # Read at the run's loss moved by the mean shift.
+  cost = (40.0 / (loss - 2.5)) ** (1 / 0.3)
+  assert row["saving"] == pytest.approx(1 - 5e9 / cost, rel=1e-6) and row["saving"] > 0.5  # Not 0.5: less of its lead is luck.
+  (tmp_path / "s1_odd.json").write_text(json.dumps({"budgets": [entry(700, 3.0)]}))
+  for spec, says in ((f"1:{tmp_path / 's1_odd.json'}", "no point at [700] steps"),
+                     (f"2:{tmp_path / 's1_more.json'}", "seed 2 has no --seed"),
+                     (f"1:{tmp_path / 's1.json'}", "no scratch run at a budget other than 1000")):
+    a.shift_from = [spec]
+    with pytest.raises(app.UsageError, match=re.escape(says)):
+      seeds_shifted.measure(a)
