@@ -122,3 +122,13 @@ def write_report(path: str, d: dict) -> None:
 
   from multilevel.files import write_text_atomic
   write_text_atomic(path, json.dumps(d, indent=1))
+
+
+def read_report(path: str) -> dict:
+  """A JSON results file, or a usage error naming it and why it cannot be read (missing, unreadable, not JSON)."""
+  import json
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise app.UsageError(f"{path}: cannot read it ({e}).") from None

@@ -19,7 +19,6 @@ measured mean, in points of the saving.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 
@@ -52,14 +51,6 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("out", "", "JSON to write the check to.", flag_values=fv)
 
 
-def _load(path: str) -> dict:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise app.UsageError(f"{path}: cannot read it ({e}).") from None
-
-
 def priced_with(d: dict) -> list[dict]:
   """The measured doublings a plan was priced off (``experiments.plan --stack_rate_curves``: the files it names),
   or none: it was priced at its constant ``stack_rates``."""
@@ -90,7 +81,7 @@ def check(a) -> dict:
   pool = plan_stacking.curve_rows(a.pool) if a.pool else []
   own = []
   for p, r in zip(a.plans, a.rates):
-    budget = _load(p)["steps"]
+    budget = cli.read_report(p)["steps"]
     own.append([row for row in plan_stacking.curve_rows([r]) if row["T"] == budget])
   if a.kind == "overall":
     pool = [{**r, "rate": r["overall"], "delay": 0.0} for r in pool]
@@ -98,7 +89,7 @@ def check(a) -> dict:
   everything = pool + [row for rows in own for row in rows]
   rows_out, left_off = [], set()
   for i, (p, s) in enumerate(zip(a.plans, a.seeds)):
-    d, seeds = _load(p), _load(s)
+    d, seeds = cli.read_report(p), cli.read_report(s)
     plan = d["plan"]
     if not str(plan.get("method", "")).startswith("stackbert"):
       raise app.UsageError(f"{p}: the plan is {plan.get('method')!r}, not a stacking plan.")

@@ -13,7 +13,6 @@ error, the mean error and how many lie within 5 points (the long-budget issue's 
 
 from __future__ import annotations
 
-import json
 import statistics
 
 from absl import app, flags
@@ -29,11 +28,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def _load(path: str) -> dict:
-  try:
-    with open(path) as f:
-      d = json.load(f)
-  except (OSError, ValueError) as e:
-    raise app.UsageError(f"{path}: cannot read it ({e}).") from None
+  d = cli.read_report(path)
   if not isinstance(d, dict) or not all("measured_seed" in r for r in d.get("rows", [])) or not d.get("rows"):
     raise app.UsageError(f"{path}: not a benchmarks.rate_curve_check output run with --seed (no rows with "
                          f"'measured_seed').")

@@ -31,3 +31,15 @@ def test_checks_that_cannot_be_combined_are_refused():
     seed_pricing.combine([_check([("p", 0.1, 0.1, 0.1)])])
   with pytest.raises(app.UsageError, match="share no plan"):
     seed_pricing.combine([_check([("p", 0.1, 0.1, 0.1)]), _check([("q", 0.1, 0.1, 0.1)])])
+
+
+def test_a_results_file_that_cannot_be_read_is_named_in_a_usage_error(tmp_path):
+  broken = tmp_path / "broken.json"
+  broken.write_text("{not json")
+  for path in (tmp_path / "missing.json", broken):
+    with pytest.raises(app.UsageError, match=rf"{path.name}: cannot read it"):
+      seed_pricing._load(str(path))
+  wrong = tmp_path / "wrong.json"
+  wrong.write_text('{"rows": [{"plan": "p"}]}')
+  with pytest.raises(app.UsageError, match="measured_seed"):
+    seed_pricing._load(str(wrong))
