@@ -124,11 +124,12 @@ def write_report(path: str, d: dict) -> None:
   write_text_atomic(path, json.dumps(d, indent=1))
 
 
-def read_report(path: str) -> dict:
-  """A JSON results file, or a usage error naming it and why it cannot be read (missing, unreadable, not JSON)."""
+def read_report(path: str, what: str = "") -> dict:
+  """A JSON results file, or a usage error naming it (after ``what``: the option or role it was given as, e.g.
+  ``"--own: "``) and why it cannot be read (missing, unreadable, not JSON)."""
   import json
   try:
     with open(path) as f:
       return json.load(f)
   except (OSError, ValueError) as e:
-    raise app.UsageError(f"{path}: cannot read it ({e}).") from None
+    raise app.UsageError(f"{what}{path}: cannot read it ({e}).") from None

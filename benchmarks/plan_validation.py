@@ -27,7 +27,6 @@ which this uses; for BERT's long-budget points that fit is poor, 0.048 nats rms)
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 
@@ -69,16 +68,6 @@ def read_checks(path: str) -> list[dict]:
   if not out:
     raise app.UsageError(f"--checks={path}: no plan listed.")
   return out
-
-
-def _load(path: str, what: str) -> dict:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except OSError as e:
-    raise app.UsageError(f"{what} {path}: {e.strerror}.") from None
-  except json.JSONDecodeError as e:
-    raise app.UsageError(f"{what} {path}: not JSON ({e}).") from None
 
 
 def check(c: dict, plan: dict, seeds: dict) -> dict:
@@ -192,7 +181,7 @@ def measure(a) -> dict:
     raise app.UsageError("Give --checks (a file of FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS lines).")
   excess = parse_excess(getattr(a, "excess", None))
   checks = read_checks(a.checks)
-  docs = [(_load(c["plan"], "plan"), _load(c["seeds"], "seeds")) for c in checks]  # Each file read once.
+  docs = [(cli.read_report(c["plan"], "plan "), cli.read_report(c["seeds"], "seeds ")) for c in checks]  # Each file read once.
   rows = [check(c, *d) for c, d in zip(checks, docs)]
   whatif = _excess_rows(rows, checks, docs, excess)
   families = sorted({r["family"] for r in rows})

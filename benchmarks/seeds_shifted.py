@@ -36,7 +36,6 @@ t over the seeds read): a bar inside that interval is not cleared or missed by t
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 
@@ -100,7 +99,7 @@ def measure(a) -> dict:
     seed, _, files = spec.partition(":")
     scratch, run, beside = [], None, None
     for path in files.split("+"):
-      d = _load(path, "--seed: ")
+      d = cli.read_report(path, "--seed: ")
       e = _budget(d, a.budget)
       if e is None:
         raise app.UsageError(f"{path} has no budget of {a.budget} steps.")
@@ -135,15 +134,6 @@ def measure(a) -> dict:
           "ci95": interval95(savings)}
 
 
-def _load(path: str, flag: str = "") -> dict:
-  """A JSON results file; a usage error naming the option (``flag``) where it cannot be read."""
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise app.UsageError(f"{flag}cannot read {path}: {e}") from e
-
-
 def _shift_from(specs: list[str], ref: dict, budget: int, seeds: set[str]) -> dict:
   """--shift_from: per seed, {steps: its best scratch loss there - the reference frontier's point there} for every
   budget of its files but --budget (whose offset the --seed files give)."""
@@ -157,7 +147,7 @@ def _shift_from(specs: list[str], ref: dict, budget: int, seeds: set[str]) -> di
       raise app.UsageError(f"--shift_from={spec}: seed {seed} has no --seed; give its runs at --budget there.")
     best = {}
     for path in files.split("+"):
-      for e in _load(path, "--shift_from: ").get("budgets", []):
+      for e in cli.read_report(path, "--shift_from: ").get("budgets", []):
         if e["steps"] != budget and "scratch" in e:
           best[e["steps"]] = min(best.get(e["steps"], math.inf), e["scratch"]["final_eval_loss"])
     if not best:
@@ -173,7 +163,7 @@ def _shift_from(specs: list[str], ref: dict, budget: int, seeds: set[str]) -> di
 def _frontier(a, path: str, flag: str = ""):
   """An analyze_saving summary's frontier and its variant at --budget: (summary, flops fit or None, [(FLOPs, loss)]
   points, the point's loss at --budget, the budget's entry). ``flag`` names the option the path came from."""
-  d = _load(path, flag)
+  d = cli.read_report(path, flag)
   fit = (d.get("frontier_fit") or {}).get("flops")
   if a.read == "fit" and not fit:
     raise app.UsageError(f"{flag}{path} has no fitted frontier: merge with analyze_saving --fit, or read on the "

@@ -90,7 +90,7 @@ def test_what_cannot_be_read_is_refused_with_the_line_or_file_that_is_wrong(tmp_
   cases = [
       ([f"gpt gcide 20.9 {plan}"], "checks.txt:3: expected FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS"),
       ([f"gpt gcide many {plan} {good}"], "tokens per parameter 'many' is not a number"),
-      ([f"gpt gcide 20.9 missing.json {good}"], "plan .*missing.json: No such file"),
+      ([f"gpt gcide 20.9 missing.json {good}"], "plan .*missing.json: cannot read it .*No such file"),
       ([f"gpt gcide 20.9 {plan} {write(tmp_path / 'other.json', seeds(500, [(42, 0.3)]))}"],
        "reads budget 500, but .*plan.json plans 1400 steps"),
       ([f"gpt gcide 20.9 {plan} {write(tmp_path / 'past.json', seeds(1400, [(42, None)]))}"],
@@ -102,7 +102,7 @@ def test_what_cannot_be_read_is_refused_with_the_line_or_file_that_is_wrong(tmp_
     with pytest.raises(app.UsageError, match=message):
       plan_validation.measure(checks(tmp_path, lines))
   (tmp_path / "broken.json").write_text("{")
-  with pytest.raises(app.UsageError, match="seeds .*broken.json: not JSON"):
+  with pytest.raises(app.UsageError, match="seeds .*broken.json: cannot read it"):
     plan_validation.measure(checks(tmp_path, [f"gpt gcide 20.9 {plan} broken.json"]))
 
 

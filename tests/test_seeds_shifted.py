@@ -150,7 +150,7 @@ def test_a_seed_with_a_frontier_of_its_own_is_read_there_unshifted(tmp_path):
     seeds_shifted.measure(a)
   # A summary that is not there, or a flag without its seed: said, with the form expected.
   a.read, a.own = "measured", [f"1:{tmp_path / 'missing.json'}"]
-  with pytest.raises(app.UsageError, match=r"--own: cannot read .*missing.json"):
+  with pytest.raises(app.UsageError, match=r"--own: .*missing.json: cannot read it"):
     seeds_shifted.measure(a)
   a.own = [str(tmp_path / "own1.json")]
   with pytest.raises(app.UsageError, match="expected SEED:SUMMARY"):
