@@ -181,7 +181,8 @@ def measure(a) -> dict:
     raise app.UsageError("Give --checks (a file of FAMILY CORPUS TOKENS_PER_PARAM PLAN SEEDS lines).")
   excess = parse_excess(getattr(a, "excess", None))
   checks = read_checks(a.checks)
-  docs = [(cli.read_report(c["plan"], "plan "), cli.read_report(c["seeds"], "seeds ")) for c in checks]  # Each file read once.
+  # Each file read once.
+  docs = [(cli.read_report(c["plan"], "plan "), cli.read_report(c["seeds"], "seeds ")) for c in checks]
   rows = [check(c, *d) for c, d in zip(checks, docs)]
   whatif = _excess_rows(rows, checks, docs, excess)
   families = sorted({r["family"] for r in rows})
