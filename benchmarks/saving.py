@@ -71,12 +71,6 @@ def make_config(family: str, steps: int, overrides: dict, extra: dict, evals: in
   override(c, {"train.steps": steps, "train.log_every": max(1, steps // 40), "train.eval_every": max(1, steps // evals),
                "checkpoint.every": 0, "checkpoint.async_save": True, "progress": False, "tensorboard": False,
                "data.max_eval_batches": 8})
-  if family == "deit" and c.data.name in ("", "default") and not c.data.folder:
-    from multilevel.data.images import FASHION_MNIST_DIRS, find_fashion_mnist
-    if find_fashion_mnist() is None:  # The data would fall back to MNIST digits: figures of another benchmark.
-      raise app.UsageError(f"The DeiT benchmark trains on Fashion-MNIST, which is not installed (looked in "
-                           f"{', '.join(FASHION_MNIST_DIRS)}): apt-get install dataset-fashion-mnist, or name other "
-                           f"data with --set=data.name=... / --set=data.folder=....")
   if family == "bert":  # Post-LN: the pre-LN width option does not apply (and is refused).
     overrides = {k: v for k, v in overrides.items() if k != "cycle.preln_exact"}
   return override(c, overrides)
@@ -116,11 +110,24 @@ def compare(scratch: dict, run: dict) -> dict:
   return out
 
 
+def require_data(config) -> None:
+  """Refuses a DeiT run of the benchmark without Fashion-MNIST: its default data would fall back to MNIST digits, and
+  the figures would be another benchmark's. Checked where a run starts, not where its config is built, so plans and
+  level sizes can be read on a machine without the data."""
+  if config.model.family == "deit" and config.data.name in ("", "default") and not config.data.folder:
+    from multilevel.data.images import FASHION_MNIST_DIRS, find_fashion_mnist
+    if find_fashion_mnist() is None:
+      raise app.UsageError(f"The DeiT benchmark trains on Fashion-MNIST, which is not installed (looked in "
+                           f"{', '.join(FASHION_MNIST_DIRS)}): apt-get install dataset-fashion-mnist, or name other "
+                           f"data with --set=data.name=... / --set=data.folder=....")
+
+
 def train(config, workdir):
   import shutil
 
   from multilevel.cycles.driver import train_and_evaluate
   from multilevel.metrics import read_metrics
+  require_data(config)
   shutil.rmtree(workdir, ignore_errors=True)
   summary = train_and_evaluate(config, workdir)
   return {"summary": summary, "records": read_metrics(workdir)}
@@ -234,6 +241,7 @@ def main(argv):
     make_config(family, 1, plan_extra, extra, 1)
   except (KeyError, ValueError, SyntaxError) as e:
     raise app.UsageError(f"--plan_set {a.plan_set}: {e}") from None
+  require_data(make_config(family, 1, {}, extra, 1))  # Before scratch trains, not after.
   unknown = [v for v in a.variants if v not in VARIANTS]
   if unknown:
     raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")

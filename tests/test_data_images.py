@@ -285,9 +285,13 @@ def test_the_deit_benchmark_refuses_to_run_on_the_fallback_digits(tmp_path, monk
 
   from benchmarks import saving
   monkeypatch.setattr(images, "FASHION_MNIST_DIRS", (str(tmp_path / "absent"),))
+  config = saving.make_config("deit", 100, {}, {}, 10)  # Its config (and so its plans) builds without the data.
   with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST, which is not installed"):
-    saving.make_config("deit", 100, {}, {}, 10)
+    saving.require_data(config)
   with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST"):
-    saving.make_config("deit", 100, {}, {"data.name": "default"}, 10)
-  saving.make_config("deit", 100, {}, {"data.folder": str(tmp_path)}, 10)  # Other data, named: the user's choice.
-  saving.make_config("gpt", 100, {}, {}, 10)
+    saving.train(config, str(tmp_path / "run"))  # Every run of the benchmarks starts with the check.
+  assert not (tmp_path / "run").exists()
+  with pytest.raises(app.UsageError, match=r"The DeiT benchmark trains on Fashion-MNIST"):
+    saving.require_data(saving.make_config("deit", 100, {}, {"data.name": "default"}, 10))
+  saving.require_data(saving.make_config("deit", 100, {}, {"data.folder": str(tmp_path)}, 10))  # The user's choice.
+  saving.require_data(saving.make_config("gpt", 100, {}, {}, 10))
