@@ -1,6 +1,7 @@
 """Resumption: a run killed anywhere and restarted with the same command ends bit for bit where an uninterrupted run
 ends; a missing, damaged or foreign checkpoint is a clear error, never a silent fresh start."""
 
+import json
 import os
 import shutil
 
@@ -21,9 +22,14 @@ def _stable(records):
 
 
 def test_killed_runs_resume_bit_for_bit(tmp_path):
-  """One run killed four times (mid-stage, right after two level transitions, during a save) vs. one never killed."""
-  ref = train_and_evaluate(tiny_config("gpt", levels=3, deep=True, **OVERRIDES), str(tmp_path / "ref"))
+  """One run killed four times (mid-stage, right after two level transitions, during a save) vs. one never killed,
+  both the real command line (the uninterrupted one compiles the steps into the persistent cache, and the five
+  processes of the killed run load them instead of compiling them again)."""
   flags = config_flags("gpt", 3, True, OVERRIDES)
+  proc = run_cli(str(tmp_path / "ref"), flags)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "ref" / "summary.json") as f:
+    ref = json.load(f)
   work = str(tmp_path / "killed")
   # Stages: 2 + 2 steps down, 20 at the bottom, 10 up at level 1, 20 at level 0 (global steps 0..54).
   for fault in ("step:7", "transition:3", "save:9", "step:47"):
@@ -31,8 +37,7 @@ def test_killed_runs_resume_bit_for_bit(tmp_path):
     assert proc.returncode == 137, f"fault {fault} did not fire (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
   proc = run_cli(work, flags)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  killed = read_jsonl(os.path.join(work, "summary.json").replace("summary.json", "metrics.jsonl"))
-  import json
+  killed = read_jsonl(os.path.join(work, "metrics.jsonl"))
   with open(os.path.join(work, "summary.json")) as f:
     summary = json.load(f)
   assert summary["params_sha256"] == ref["params_sha256"]
