@@ -1,6 +1,6 @@
 """Shared pytest setup: the repository importable without installing it, nothing on the network, JAX on the CPU with
-strict rank promotion, and one persistent compilation cache for the whole run (the in-process tests and the command
-line subprocesses compile the same tiny steps; later ones load them instead of compiling again)."""
+strict rank promotion, and one persistent compilation cache for the command-line subprocesses of the whole run (they
+compile the same tiny steps; later ones load them instead of compiling again)."""
 
 import os
 import sys
@@ -24,12 +24,11 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # Implicit broadcasting of ranks is a bug here.
-# The pytest processes write the persistent cache too (turned off from 2026-12-06 to 12-08). The three worker crashes
-# of 2026-12-06 (segfaults inside XLA while compiling or serializing a step) came before the memory-map bound below:
-# a worker that passes vm.max_map_count segfaults in XLA's compiler with the cache or without it (LLVM's "Cannot
-# allocate memory", then SIGSEGV: seen 2026-12-08 with a tiny V-cycle started 1,500 mappings below the limit; it ran
-# at 3,000 below, and needed about 2,000), and the bound keeps every worker near half the limit (a full suite with the
-# cache on peaked at 34,821 of 65,530).
+# The persistent cache serves the command-line subprocesses (the environment above); the pytest processes keep their
+# compiled steps in memory. Writing them to the cache too crashed a worker twice (2026-12-06: a segfault inside XLA's
+# executable.serialize() while caching a V-cycle's train step, after an unknown mix of earlier tests in that worker;
+# the test alone passes).
+jax.config.update("jax_enable_compilation_cache", False)
 
 import pytest  # noqa: E402
 

@@ -52,6 +52,15 @@ def perturb(model, seed=0, scale=0.2):
 
 
 def make(name, seed=0):
+  """A tiny transformers model of ``name`` with every parameter drawn from ``seed``: transformers initialises from
+  torch's global generator, whose state depends on what ran before in the process, so it is seeded here too (and
+  put back afterwards)."""
+  with torch.random.fork_rng():
+    torch.manual_seed(seed)
+    return _make(name, seed)
+
+
+def _make(name, seed):
   if name == "bert":
     return perturb(transformers.BertForMaskedLM(bert_config()), seed)
   if name == "gpt":
