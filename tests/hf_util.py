@@ -51,27 +51,25 @@ def perturb(model, seed=0, scale=0.2):
   return model.eval()
 
 
-def make(name, seed=0):
-  """A tiny transformers model of ``name`` with every parameter drawn from ``seed``: transformers initialises from
-  torch's global generator, whose state depends on what ran before in the process, so it is seeded here too (and
-  put back afterwards)."""
+def seeded(factory, seed=0):
+  """``perturb(factory(), seed)`` with every parameter drawn from ``seed``: transformers initialises a model from
+  torch's global generator, whose state depends on what ran before in the process, so that is seeded here too (in a
+  forked generator: the global state is left as it was)."""
   with torch.random.fork_rng():
     torch.manual_seed(seed)
-    return _make(name, seed)
+    return perturb(factory(), seed)
 
 
-def _make(name, seed):
-  if name == "bert":
-    return perturb(transformers.BertForMaskedLM(bert_config()), seed)
-  if name == "gpt":
-    return perturb(transformers.GPT2LMHeadModel(gpt_config()), seed)
-  if name == "vit":
-    return perturb(transformers.ViTForImageClassification(transformers.ViTConfig(**VISION)), seed)
-  if name == "deit":
-    return perturb(transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**VISION)), seed)
-  if name == "deit-single":
-    return perturb(transformers.DeiTForImageClassification(transformers.DeiTConfig(**VISION)), seed)
-  raise ValueError(name)
+def make(name, seed=0):
+  """A tiny transformers model of ``name`` (bert, gpt, vit, deit, deit-single), drawn from ``seed``."""
+  factory = {"bert": lambda: transformers.BertForMaskedLM(bert_config()),
+             "gpt": lambda: transformers.GPT2LMHeadModel(gpt_config()),
+             "vit": lambda: transformers.ViTForImageClassification(transformers.ViTConfig(**VISION)),
+             "deit": lambda: transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**VISION)),
+             "deit-single": lambda: transformers.DeiTForImageClassification(transformers.DeiTConfig(**VISION))}
+  if name not in factory:
+    raise ValueError(name)
+  return seeded(factory[name], seed)
 
 
 RNG = np.random.default_rng(0)

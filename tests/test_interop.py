@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.hf_util import (TOL, VISION, I, M, assert_trees_equal, bert_config, family_of, hf_logits, make,
-                           our_logits, perturb, torch, transformers)
+                           our_logits, seeded, torch, transformers)
 from safetensors.numpy import load_file, save_file  # noqa: E402  (after hf_util, which skips without safetensors)
 
 
@@ -163,7 +163,7 @@ def test_legacy_checkpoint_names_and_buffers():
 
 
 def test_vit_without_qkv_bias_imports_zero_biases():
-  model = perturb(transformers.ViTForImageClassification(transformers.ViTConfig(**VISION, qkv_bias=False)))
+  model = seeded(lambda: transformers.ViTForImageClassification(transformers.ViTConfig(**VISION, qkv_bias=False)))
   assert not any("q_proj.bias" in k or "query.bias" in k for k in model.state_dict())
   cfg, params = I.load_hf(model)
   assert not np.any(params["layers"]["attn"]["query"]["bias"])
