@@ -241,7 +241,6 @@ def main(argv):
     make_config(family, 1, plan_extra, extra, 1)
   except (KeyError, ValueError, SyntaxError) as e:
     raise app.UsageError(f"--plan_set {a.plan_set}: {e}") from None
-  require_data(make_config(family, 1, {}, extra, 1))  # Before scratch trains, not after.
   unknown = [v for v in a.variants if v not in VARIANTS]
   if unknown:
     raise app.UsageError(f"Unknown variants {unknown}; choose from {sorted(VARIANTS)}.")
